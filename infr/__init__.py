@@ -1,0 +1,3 @@
+"""infr: a portable LLM inference engine in Python on WebGPU."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from infr.cli import main
+
+raise SystemExit(main())

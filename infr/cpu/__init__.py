@@ -1,0 +1,1 @@
+"""numpy reference backend: the oracle every GPU kernel is tested against."""

@@ -1,0 +1,95 @@
+"""One numpy function per op: plain formulas, float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infr.models.spec import Activation, RopeSpec, RopeStyle
+
+GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, group: int | None = None) -> np.ndarray:
+    shape = x.shape
+    if group:
+        x = x.reshape(shape[0], -1, group)
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    y = x * (1.0 / np.sqrt(ms + np.float32(eps)))
+    return (y * w).reshape(shape).astype(np.float32, copy=False)
+
+
+def rope_angles(positions: np.ndarray, rope: RopeSpec, freq_factors: np.ndarray | None) -> np.ndarray:
+    """[T, n_rot/2] rotation angles."""
+    i = np.arange(rope.n_rot // 2, dtype=np.float64)
+    inv = rope.theta ** (-2.0 * i / rope.n_rot)
+    if freq_factors is not None:
+        inv = inv / freq_factors[: len(i)]
+    return positions[:, None].astype(np.float64) * rope.freq_scale * inv[None, :]
+
+
+def rope(x: np.ndarray, n_heads: int, head_dim: int, angles: np.ndarray, style: RopeStyle) -> np.ndarray:
+    t = x.shape[0]
+    x = x.reshape(t, n_heads, head_dim).copy()
+    half = angles.shape[1]
+    cos = np.cos(angles).astype(np.float32)[:, None, :]
+    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    if style is RopeStyle.NORM:
+        a, b = x[..., 0 : 2 * half : 2].copy(), x[..., 1 : 2 * half : 2].copy()
+        x[..., 0 : 2 * half : 2] = a * cos - b * sin
+        x[..., 1 : 2 * half : 2] = a * sin + b * cos
+    else:
+        a, b = x[..., :half].copy(), x[..., half : 2 * half].copy()
+        x[..., :half] = a * cos - b * sin
+        x[..., half : 2 * half] = a * sin + b * cos
+    return x.reshape(t, n_heads * head_dim)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gated_act(gate: np.ndarray, up: np.ndarray, act: Activation) -> np.ndarray:
+    f = silu if act is Activation.SILU else gelu_tanh
+    return (f(gate) * up).astype(np.float32, copy=False)
+
+
+def attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    q_pos: np.ndarray,
+    n_kv: int,
+    n_heads: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> np.ndarray:
+    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them)."""
+    t = q.shape[0]
+    n_kv_heads, d = k_cache.shape[1], k_cache.shape[2]
+    dv = v_cache.shape[2]
+    group = n_heads // n_kv_heads
+    k = k_cache[:n_kv].astype(np.float32).transpose(1, 2, 0)  # [Hkv, D, n_kv]
+    v = v_cache[:n_kv].astype(np.float32).transpose(1, 0, 2)  # [Hkv, n_kv, Dv]
+    # llama.cpp multiplies f16 K and V by f16-rounded q and probabilities.
+    q = q.astype(np.float16).astype(np.float32)
+    qh = q.reshape(t, n_kv_heads, group, d).transpose(1, 0, 2, 3).reshape(n_kv_heads, t * group, d)
+    scores = np.matmul(qh, k) * np.float32(scale)  # [Hkv, T*group, n_kv]
+    if softcap:
+        scores = np.tanh(scores / softcap) * softcap
+    k_pos = np.arange(n_kv)
+    masked = k_pos[None, :] > q_pos[:, None]
+    if window:
+        masked |= (q_pos[:, None] - k_pos[None, :]) >= window
+    masked = np.repeat(masked, group, axis=0)  # rows ordered (t, group)
+    scores = np.where(masked[None], -np.inf, scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.matmul(p.astype(np.float16).astype(np.float32), v)  # [Hkv, T*group, Dv]
+    return out.reshape(n_kv_heads, t, group, dv).transpose(1, 0, 2, 3).reshape(t, n_heads * dv)
+

@@ -1,0 +1,144 @@
+"""The engine: a loaded model and sessions that prefill, decode and generate.
+
+`Model` ties the store, the family spec, the plan, the tokenizer, the chat
+template and a backend together. A `Session` owns the KV cache position and
+keeps the longest common prefix between calls, so a follow-up chat turn
+prefills only its new tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from infr.chat import ChatTemplate
+from infr.errors import InfrError
+from infr.gguf_file import GGUFFile, open_gguf
+from infr.models import build_spec
+from infr.models.spec import ModelSpec
+from infr.plan import Plan, build_plan
+from infr.sampling import Sampler, SamplingParams
+from infr.tokenizer import Tokenizer
+
+BACKENDS = ("cpu", "gpu")
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    reused_tokens: int = 0
+
+    def line(self) -> str:
+        def rate(n: int, s: float) -> str:
+            return f"{n / s:.1f} tok/s" if s > 0 and n else "- tok/s"
+
+        return (
+            f"prompt: {self.prompt_tokens} tokens ({self.reused_tokens} reused), "
+            f"{rate(self.prompt_tokens - self.reused_tokens, self.prompt_seconds)} | "
+            f"generated: {self.generated_tokens} tokens, {rate(self.generated_tokens, self.generate_seconds)}"
+        )
+
+
+class Model:
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "cpu"):
+        self.path = Path(path)
+        self.gguf: GGUFFile = open_gguf(self.path)
+        self.spec: ModelSpec = build_spec(self.gguf)
+        self.plan: Plan = build_plan(self.spec)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        tok = self.tokenizer
+        self.template = ChatTemplate.from_gguf(
+            self.gguf,
+            bos_token=tok.piece(tok.bos_id) if tok.bos_id is not None else "",
+            eos_token=tok.piece(tok.eos_id) if tok.eos_id is not None else "",
+        )
+        if n_ctx <= 0:
+            raise InfrError(f"context size must be positive, got {n_ctx}")
+        self.n_ctx = n_ctx
+        self.backend_name = backend
+        self.backend = _make_backend(backend, self.gguf, self.plan, n_ctx)
+
+    def session(self) -> "Session":
+        return Session(self)
+
+
+def _make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int):
+    if name == "cpu":
+        from infr.cpu.backend import CPUBackend
+
+        return CPUBackend(gf, plan, n_ctx)
+    if name == "gpu":
+        raise InfrError("the GPU backend is not available in this build yet; use --backend cpu")
+    raise InfrError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+@dataclass
+class Session:
+    model: Model
+    tokens: list[int] = field(default_factory=list)  # what the KV cache holds, in order
+    stats: Stats = field(default_factory=Stats)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Bring the cache to exactly `ids`; returns the last position's logits."""
+        if not ids:
+            raise InfrError("empty prompt: nothing to run")
+        n_ctx = self.model.n_ctx
+        if len(ids) > n_ctx:
+            raise InfrError(f"prompt has {len(ids)} tokens but the context holds {n_ctx} (use --ctx)")
+        keep = _common_prefix(self.tokens, ids)
+        keep = min(keep, len(ids) - 1)  # at least one token runs, to produce logits
+        t0 = time.perf_counter()
+        logits = self.model.backend.forward(ids[keep:], keep)[-1]
+        self.stats.prompt_seconds += time.perf_counter() - t0
+        self.stats.prompt_tokens += len(ids)
+        self.stats.reused_tokens += keep
+        self.tokens = list(ids)
+        return logits
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; returns its logits."""
+        logits = self.model.backend.forward([token], len(self.tokens))[-1]
+        self.tokens.append(token)
+        return logits
+
+    def generate(
+        self, prompt: list[int], params: SamplingParams | None = None, max_new: int = 256
+    ) -> Iterator[int]:
+        """Yield sampled tokens until end-of-generation, max_new or a full context."""
+        params = (params or SamplingParams()).validate()
+        sampler = Sampler(params, self.model.spec.n_vocab)
+        self.stats = Stats()
+        logits = self.prefill(prompt)
+        t0 = time.perf_counter()
+        try:
+            for i in range(max_new):
+                token = sampler.sample(logits, self.tokens)
+                if self.model.tokenizer.is_eog(token):
+                    return
+                self.stats.generated_tokens += 1
+                yield token
+                if len(self.tokens) >= self.model.n_ctx or i == max_new - 1:
+                    return
+                logits = self.decode(token)
+        finally:
+            self.stats.generate_seconds += time.perf_counter() - t0
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+

@@ -1,0 +1,26 @@
+"""Model families: GGUF architecture name -> builder of a `ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from infr.errors import UnsupportedError
+from infr.gguf_file import GGUFFile
+from infr.models import gemma3, llama, qwen2, qwen3
+from infr.models.spec import ModelSpec
+
+FAMILIES: dict[str, Callable[[GGUFFile], ModelSpec]] = {
+    "llama": llama.build,
+    "qwen2": qwen2.build,
+    "qwen3": qwen3.build,
+    "gemma3": gemma3.build,
+}
+
+
+def build_spec(gf: GGUFFile) -> ModelSpec:
+    arch = gf.arch
+    if arch not in FAMILIES:
+        raise UnsupportedError(
+            f"{gf.path.name}: unsupported architecture {arch!r}; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[arch](gf)

@@ -1,0 +1,82 @@
+"""Lower a `ModelSpec` into a plan: the ordered ops both backends execute.
+
+The plan has three parts so a backend can run the head on the last row only
+(prefill needs one row of logits, teacher forcing needs all of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infr.models.spec import LayerSpec, ModelSpec
+from infr.ops import Add, Attention, Embed, GatedAct, MatMul, Op, RMSNorm, Rope, Softcap, StoreKV
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ModelSpec
+    embed: tuple[Op, ...]
+    layers: tuple[Op, ...]
+    head: tuple[Op, ...]  # reads "x", writes "logits"
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self.embed + self.layers + self.head
+
+    def weights(self) -> list[str]:
+        names: list[str] = []
+        for op in self.ops:
+            for attr in ("table", "weight", "bias"):
+                name = getattr(op, attr, None)
+                if name and name not in names:
+                    names.append(name)
+        return names
+
+
+def build_plan(spec: ModelSpec) -> Plan:
+    embed = (Embed("x", "token_embd.weight", spec.embed_scale),)
+    layers: list[Op] = []
+    for layer in spec.layers:
+        layers += _attention_block(spec, layer)
+        layers += _ffn_block(spec, layer)
+    head: list[Op] = [RMSNorm("h", "x", "output_norm.weight", spec.norm_eps)]
+    head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight"))
+    if spec.final_logit_softcap:
+        head.append(Softcap("logits", spec.final_logit_softcap))
+    return Plan(spec, embed, tuple(layers), tuple(head))
+
+
+def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    a = layer.attention
+    p = f"blk.{layer.index}."
+    ops: list[Op] = [RMSNorm("h", "x", p + "attn_norm.weight", spec.norm_eps)]
+    for name in ("q", "k", "v"):
+        bias = p + f"attn_{name}.bias" if a.qkv_bias else None
+        ops.append(MatMul(name, "h", p + f"attn_{name}.weight", bias))
+    if a.qk_norm:
+        ops.append(RMSNorm("q", "q", p + "attn_q_norm.weight", spec.norm_eps, group=a.head_dim))
+        ops.append(RMSNorm("k", "k", p + "attn_k_norm.weight", spec.norm_eps, group=a.head_dim))
+    if a.rope is not None:
+        ops.append(Rope("q", a.n_heads, a.head_dim, a.rope))
+        ops.append(Rope("k", a.n_kv_heads, a.head_dim, a.rope))
+    ops.append(StoreKV(layer.index, "k", "v"))
+    ops.append(Attention("attn", "q", layer.index, a))
+    ops.append(MatMul("o", "attn", p + "attn_output.weight"))
+    if layer.post_attn_norm:
+        ops.append(RMSNorm("o", "o", p + "post_attention_norm.weight", spec.norm_eps))
+    ops.append(Add("x", "x", "o"))
+    return ops
+
+
+def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    f = layer.ffn
+    p = f"blk.{layer.index}."
+    ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
+    ops.append(MatMul("g", "h", p + "ffn_gate.weight"))
+    ops.append(MatMul("u", "h", p + "ffn_up.weight"))
+    ops.append(GatedAct("g", "g", "u", f.activation))
+    ops.append(MatMul("f", "g", p + "ffn_down.weight"))
+    if layer.post_ffn_norm:
+        ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", spec.norm_eps))
+    ops.append(Add("x", "x", "f"))
+    return ops
