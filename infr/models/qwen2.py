@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5: RoPE NEOX, bias on Q, K and V, SwiGLU."""
+"""Qwen2 / Qwen2.5: RoPE NEOX, bias on Q, K and V (when the file has them), SwiGLU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ def build(gf: GGUFFile) -> ModelSpec:
     hp = read_hparams(gf)
     rope = RopeSpec(RopeStyle.NEOX, hp.rope_theta, hp.n_rot, hp.rope_freq_scale)
     attention = AttentionSpec(
-        hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.v_head_dim, rope, hp.default_scale, qkv_bias=True
+        hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.v_head_dim, rope, hp.default_scale,
+        qkv_bias=gf.has_tensor("blk.0.attn_q.bias"),
     )
     ffn = FFNSpec(hp.n_ff, Activation.SILU)
     layers = tuple(LayerSpec(i, attention, ffn) for i in range(hp.n_layers))

@@ -1,0 +1,500 @@
+"""Synthetic GGUF models: a family's real tensor names and metadata, random weights.
+
+They serve two purposes. Tiny ones (F32) run through llama.cpp and infr alike
+and make an exact oracle for families with no small real model (qwen3).
+Full-size ones (the real shapes of Llama 3, Qwen 2.5/3) with quantized
+matrices feed benchmarks without downloading gigabytes.
+
+`write_gguf(spec, path, seed)` is deterministic: the same spec and seed give
+the same bytes (tests compare sha256 against fixtures made by llama.cpp).
+Every tensor draws from its own generator seeded by (seed, tensor name, row
+chunk), so a tensor's values do not depend on the tensors around it, on the
+weight type, or on memory: an F32 and a Q4_K file hold the same weights up to
+quantization. Values are uniform draws, not normal ones, because uniform
+float32 draws are a fixed bit transform of the generator's output, which is
+the part of numpy's streams least likely to change between versions.
+
+The tokenizer is llama.cpp's `test` model: it needs only
+`tokenizer.ggml.tokens` (no merges, scores or types); callers feed token ids.
+
+    python -m infr.synth tiny-qwen3 /tmp/q3.gguf
+    python -m infr.synth qwen3-0.6b /tmp/q3.gguf --type Q4_K_M --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFEndian, GGUFWriter, LlamaFileType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import quantize
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
+BIAS_STD = 0.2
+NORM_SPREAD = 0.2  # norm weights are uniform in 1 +- this
+
+
+@dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3 long-context RoPE: per-frequency divisors stored as rope_freqs.weight."""
+
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+    def freq_factors(self, theta: float, n_rot: int) -> np.ndarray:
+        # Same rule as the Hugging Face -> GGUF converter: high frequencies
+        # keep their speed, low ones slow by `factor`, a smooth ramp between.
+        inv = theta ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        wavelen = 2 * math.pi / inv
+        low_wavelen = self.original_context / self.low_freq_factor
+        high_wavelen = self.original_context / self.high_freq_factor
+        smooth = (self.original_context / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        ramp = 1.0 / ((1.0 - smooth) / self.factor + smooth)
+        out = np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, self.factor, ramp))
+        return out.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    arch: str
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    ctx: int = 2048  # {arch}.context_length
+    rope_theta: float = 10000.0
+    sliding_window: int | None = None  # gemma3 local layers; required there
+    qkv_bias: bool = False  # real qwen2 models always have it
+    tied: bool = True  # no output.weight: the head reuses token_embd
+    weight_type: str = "F32"  # matrices; norms, biases and rope_freqs stay F32
+    norm_eps: float = 1e-6
+    rope_scaling: Llama3Rope | None = None  # llama only
+    name: str = "synthetic"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch in ("qwen3", "gemma3")
+
+    def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for RoPE")
+        if self.arch == "qwen2" and self.n_heads * self.head_dim != self.n_embd:
+            # llama.cpp's qwen2 graph sizes attn_output as n_embd x n_embd
+            raise ValueError("qwen2 needs n_heads * head_dim == n_embd")
+        if self.arch == "gemma3" and not self.sliding_window:
+            raise ValueError("gemma3 needs a sliding_window")
+        if self.arch != "gemma3" and self.sliding_window:
+            raise ValueError(f"{self.arch} has no sliding window")
+        if self.rope_scaling is not None and self.arch != "llama":
+            raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama only")
+        if self.weight_type not in WEIGHT_TYPES:
+            raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
+
+
+# --- presets -----------------------------------------------------------------------------------
+
+PRESETS: dict[str, SynthSpec] = {
+    # Tiny shapes for the llama.cpp oracle: fast on a CPU, yet every feature of
+    # the family is present (GQA, untied head, Llama 3 rope_freqs, QKV bias,
+    # q/k heads wider than n_embd, a global gemma3 layer between local ones).
+    "tiny-llama": SynthSpec(
+        "llama", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=128, n_vocab=512,
+        ctx=256, rope_theta=500000.0, tied=False, norm_eps=1e-5,
+        rope_scaling=Llama3Rope(factor=8.0, original_context=64), name="tiny-llama",
+    ),
+    "tiny-qwen2": SynthSpec(
+        "qwen2", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=160, n_vocab=600,
+        ctx=256, rope_theta=1000000.0, qkv_bias=True, name="tiny-qwen2",
+    ),
+    "tiny-qwen3": SynthSpec(
+        "qwen3", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=192, n_vocab=700,
+        ctx=256, rope_theta=1000000.0, name="tiny-qwen3",
+    ),
+    "tiny-gemma3": SynthSpec(
+        "gemma3", n_layers=7, n_embd=64, n_heads=2, n_kv_heads=1, head_dim=64, n_ff=128, n_vocab=512,
+        ctx=256, rope_theta=1000000.0, sliding_window=8, name="tiny-gemma3",
+    ),
+    # Real shapes, from each model's published config.json.
+    "llama-3.2-1b": SynthSpec(
+        "llama", n_layers=16, n_embd=2048, n_heads=32, n_kv_heads=8, head_dim=64, n_ff=8192, n_vocab=128256,
+        ctx=131072, rope_theta=500000.0, tied=True, norm_eps=1e-5,
+        rope_scaling=Llama3Rope(factor=32.0), name="Llama-3.2-1B (synthetic)",
+    ),
+    "llama-3.1-8b": SynthSpec(
+        "llama", n_layers=32, n_embd=4096, n_heads=32, n_kv_heads=8, head_dim=128, n_ff=14336, n_vocab=128256,
+        ctx=131072, rope_theta=500000.0, tied=False, norm_eps=1e-5,
+        rope_scaling=Llama3Rope(factor=8.0), name="Llama-3.1-8B (synthetic)",
+    ),
+    "qwen3-0.6b": SynthSpec(
+        "qwen3", n_layers=28, n_embd=1024, n_heads=16, n_kv_heads=8, head_dim=128, n_ff=3072, n_vocab=151936,
+        ctx=40960, rope_theta=1000000.0, tied=True, name="Qwen3-0.6B (synthetic)",
+    ),
+    "qwen2.5-0.5b": SynthSpec(
+        "qwen2", n_layers=24, n_embd=896, n_heads=14, n_kv_heads=2, head_dim=64, n_ff=4864, n_vocab=151936,
+        ctx=32768, rope_theta=1000000.0, qkv_bias=True, tied=True, name="Qwen2.5-0.5B (synthetic)",
+    ),
+    # From the metadata of the real gemma-3-270m GGUF.
+    "gemma3-270m": SynthSpec(
+        "gemma3", n_layers=18, n_embd=640, n_heads=4, n_kv_heads=1, head_dim=256, n_ff=2048, n_vocab=262144,
+        ctx=32768, rope_theta=1000000.0, sliding_window=512, tied=True, name="Gemma-3-270M (synthetic)",
+    ),
+}
+
+
+def preset(name: str, **changes) -> SynthSpec:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **changes)
+
+
+# --- weight types ------------------------------------------------------------------------------
+
+# Plain names put every matrix in that type; "Q4_K_M" follows llama.cpp's mix.
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
+
+FILE_TYPES = {
+    "F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16,
+    "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q4_1": LlamaFileType.MOSTLY_Q4_1,
+    "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q5_1": LlamaFileType.MOSTLY_Q5_1, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
+    "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M,
+}
+
+# llama.cpp's substitutes when a row length is not a multiple of 256.
+K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama.cpp's Q4_K_M gives these layers' attn_v and ffn_down 6 bits.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def matrix_type(spec: SynthSpec, name: str, n_cols: int) -> Q:
+    """The GGML type of one matrix under spec.weight_type."""
+    wt = spec.weight_type
+    if wt == "Q4_K_M":
+        is_head = name == "output.weight" or (spec.tied and name == "token_embd.weight")
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if is_head:
+            qtype = Q.Q6_K
+        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, spec.n_layers):
+            qtype = Q.Q6_K
+        else:
+            qtype = Q.Q4_K
+    else:
+        qtype = Q[wt]
+    if qtype in K_FALLBACK and n_cols % 256:
+        qtype = K_FALLBACK[qtype]
+    block = GGML_QUANT_SIZES[qtype][0]
+    if n_cols % block:
+        raise ValueError(f"{name}: row length {n_cols} is not a multiple of {qtype.name}'s block of {block}")
+    return qtype
+
+
+# --- K-quant encoders (gguf-py only decodes these) ----------------------------------------------
+# Plain min/max rounding, not llama.cpp's error-minimising search: the bytes
+# are valid blocks that gguf and llama.cpp decode identically; quality is moot
+# for random weights.
+
+
+def _f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    h = x.astype(np.float16)
+    return h, h.astype(np.float32)
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.divide(a, b, out=np.zeros(np.broadcast(a, b).shape, np.float32), where=b > 0)
+
+
+def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Eight 6-bit scales and mins -> the 12-byte field of Q4_K / Q5_K."""
+    out = np.empty((sc.shape[0], 12), np.uint8)
+    out[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((mn[:, 4:8] & 0x0F) << 4)
+    return out
+
+
+def _affine_k(blocks: np.ndarray, levels: int):
+    """Shared Q4_K / Q5_K step: per 32-value sub-block, q = round((x + min) / scale)."""
+    x = blocks.reshape(-1, 8, 32)
+    lo = np.minimum(x.min(axis=-1), 0.0)
+    sub_scale = (x.max(axis=-1) - lo) / levels
+    sub_min = -lo
+    d16, d = _f16(sub_scale.max(axis=-1) / 63)
+    m16, dm = _f16(sub_min.max(axis=-1) / 63)
+    sc = np.clip(np.rint(_safe_div(sub_scale, d[:, None])), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(_safe_div(sub_min, dm[:, None])), 0, 63).astype(np.uint8)
+    step = d[:, None] * sc
+    offset = dm[:, None] * mn
+    q = np.clip(np.rint(_safe_div(x + offset[..., None], step[..., None])), 0, levels).astype(np.uint8)
+    head = np.concatenate([d16.view(np.uint8).reshape(-1, 2), m16.view(np.uint8).reshape(-1, 2),
+                           _pack_k_scales(sc, mn)], axis=1)
+    return head, q  # q: [n, 8, 32]
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """Sub-blocks 2c and 2c+1 share 32 bytes: low and high nibble."""
+    return ((q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)).reshape(q.shape[0], -1)
+
+
+def encode_q4_k(blocks: np.ndarray) -> np.ndarray:
+    head, q = _affine_k(blocks, 15)
+    return np.concatenate([head, _nibbles(q)], axis=1)
+
+
+def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
+    head, q = _affine_k(blocks, 31)
+    bits = ((q >> 4) & 1).astype(np.uint8)  # [n, 8, 32]: bit j of byte i is sub-block j's value i
+    qh = np.zeros((q.shape[0], 32), np.uint8)
+    for j in range(8):
+        qh |= bits[:, j, :] << j
+    return np.concatenate([head, qh, _nibbles(q)], axis=1)
+
+
+def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    x = blocks.reshape(n, 16, 16)
+    sub_scale = np.abs(x).max(axis=-1) / 31
+    d16, d = _f16(sub_scale.max(axis=-1) / 127)
+    sc = np.clip(np.rint(_safe_div(sub_scale, d[:, None])), -128, 127).astype(np.int8)
+    step = d[:, None] * sc.astype(np.float32)
+    q = (np.clip(np.rint(_safe_div(x, step[..., None])), -32, 31) + 32).astype(np.uint8).reshape(n, 256)
+    # Value e sits in ql byte (e//128)*64 + e%64 (nibble (e%128)//64) and in
+    # qh byte (e//128)*32 + e%32 (bit pair (e%128)//32).
+    lo = (q & 0x0F).reshape(n, 2, 2, 64)
+    ql = (lo[:, :, 0, :] | (lo[:, :, 1, :] << 4)).reshape(n, 128)
+    hi = (q >> 4).reshape(n, 2, 4, 32)
+    qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(n, 64)
+    return np.concatenate([ql, qh, sc.view(np.uint8), d16.view(np.uint8).reshape(-1, 2)], axis=1)
+
+
+K_ENCODERS = {Q.Q4_K: encode_q4_k, Q.Q5_K: encode_q5_k, Q.Q6_K: encode_q6_k}
+
+
+def encode(values: np.ndarray, qtype: Q) -> np.ndarray:
+    """float32 rows -> the tensor's GGUF payload (float array or uint8 blocks per row)."""
+    if qtype in K_ENCODERS:
+        block = GGML_QUANT_SIZES[qtype][0]
+        rows = values.shape[0]
+        return K_ENCODERS[qtype](values.reshape(-1, block).astype(np.float32)).reshape(rows, -1)
+    return quantize(values, qtype)
+
+
+# --- tensors -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TensorPlan:
+    name: str
+    shape: tuple[int, ...]  # numpy order: (rows, cols)
+    kind: str  # "matrix", "norm", "bias", "rope_freqs"
+    qtype: Q
+
+
+def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
+    """Every tensor of the model, in file order, with names as llama.cpp expects them."""
+    e, hd, ff = spec.n_embd, spec.head_dim, spec.n_ff
+    q_out, kv_out = spec.n_heads * hd, spec.n_kv_heads * hd
+    out: list[_TensorPlan] = []
+
+    def mat(name: str, rows: int, cols: int) -> None:
+        out.append(_TensorPlan(name, (rows, cols), "matrix", matrix_type(spec, name, cols)))
+
+    def vec(name: str, n: int, kind: str) -> None:
+        out.append(_TensorPlan(name, (n,), kind, Q.F32))
+
+    mat("token_embd.weight", spec.n_vocab, e)
+    if spec.rope_scaling is not None:
+        vec("rope_freqs.weight", hd // 2, "rope_freqs")
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", e, "norm")
+        mat(p + "attn_q.weight", q_out, e)
+        mat(p + "attn_k.weight", kv_out, e)
+        mat(p + "attn_v.weight", kv_out, e)
+        if spec.qkv_bias:
+            vec(p + "attn_q.bias", q_out, "bias")
+            vec(p + "attn_k.bias", kv_out, "bias")
+            vec(p + "attn_v.bias", kv_out, "bias")
+        if spec.qk_norm:
+            vec(p + "attn_q_norm.weight", hd, "norm")
+            vec(p + "attn_k_norm.weight", hd, "norm")
+        mat(p + "attn_output.weight", e, q_out)
+        if spec.arch == "gemma3":
+            vec(p + "post_attention_norm.weight", e, "norm")
+        vec(p + "ffn_norm.weight", e, "norm")
+        mat(p + "ffn_gate.weight", ff, e)
+        mat(p + "ffn_up.weight", ff, e)
+        mat(p + "ffn_down.weight", e, ff)
+        if spec.arch == "gemma3":
+            vec(p + "post_ffw_norm.weight", e, "norm")
+    vec("output_norm.weight", e, "norm")
+    if not spec.tied:
+        mat("output.weight", spec.n_vocab, e)
+    return out
+
+
+def _uniform(seed: int, name: str, chunk: int, n: int, half_width: float) -> np.ndarray:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
+    u = rng.random(n, dtype=np.float32)
+    return (u * np.float32(2.0) - np.float32(1.0)) * np.float32(half_width)
+
+
+def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
+    n = t.shape[0]
+    if t.kind == "rope_freqs":
+        assert spec.rope_scaling is not None
+        return spec.rope_scaling.freq_factors(spec.rope_theta, spec.head_dim)
+    if t.kind == "norm":
+        return np.float32(1.0) + _uniform(seed, t.name, 0, n, NORM_SPREAD)
+    return _uniform(seed, t.name, 0, n, BIAS_STD * math.sqrt(3.0))
+
+
+def _matrix_chunks(t: _TensorPlan, seed: int) -> Iterator[np.ndarray]:
+    """Rows in fixed chunks; each value has std 1/sqrt(row length), so every
+    matmul keeps its input's scale and activations stay O(1) in any depth."""
+    rows, cols = t.shape
+    half_width = math.sqrt(3.0 / cols)
+    per_chunk = max(1, CHUNK_ELEMENTS // cols)
+    for c, start in enumerate(range(0, rows, per_chunk)):
+        n = min(per_chunk, rows - start)
+        yield _uniform(seed, t.name, c, n * cols, half_width).reshape(n, cols)
+
+
+class _StreamedTensor:
+    """Quacks like the ndarray GGUFWriter.write_tensor_data expects (nbytes,
+    tofile) but encodes one row chunk at a time, so an 8B model never sits in
+    memory as float32."""
+
+    def __init__(self, t: _TensorPlan, seed: int):
+        self.t, self.seed = t, seed
+        self.nbytes = tensor_nbytes(t)
+
+    def tofile(self, f) -> None:
+        for chunk in _matrix_chunks(self.t, self.seed):
+            np.ascontiguousarray(encode(chunk, self.t.qtype)).tofile(f)
+
+
+def tensor_nbytes(t: _TensorPlan) -> int:
+    block, size = GGML_QUANT_SIZES[t.qtype]
+    n = int(np.prod(t.shape))
+    return n // block * size
+
+
+def _payload_dtype(qtype: Q) -> np.dtype:
+    return {Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16)}.get(qtype, np.dtype(np.uint8))
+
+
+def _byte_shape(t: _TensorPlan) -> tuple[int, ...]:
+    if t.qtype in (Q.F32, Q.F16):
+        return t.shape
+    return (*t.shape[:-1], tensor_nbytes(t) // int(np.prod(t.shape[:-1])))
+
+
+# --- the file ----------------------------------------------------------------------------------
+
+
+def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
+    w.add_name(spec.name)
+    w.add_context_length(spec.ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layers)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_heads)
+    w.add_head_count_kv(spec.n_kv_heads)
+    # Converters write key/value lengths when they differ from n_embd / n_heads
+    # (and always for qwen3 and gemma3, whose configs carry head_dim).
+    if spec.qk_norm or spec.head_dim * spec.n_heads != spec.n_embd:
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    if spec.arch == "llama":
+        w.add_rope_dimension_count(spec.head_dim)
+        w.add_vocab_size(spec.n_vocab)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
+    w.add_file_type(int(FILE_TYPES[spec.weight_type]))
+    if spec.weight_type not in ("F32", "F16", "BF16"):
+        w.add_quantization_version(2)
+    w.add_tokenizer_model("test")
+    # llama.cpp's test tokenizer prints a token as its id in hex; name tokens so.
+    w.add_token_list([f"{i:x}" for i in range(spec.n_vocab)])
+
+
+def write_gguf(spec: SynthSpec, path: str | Path, seed: int = 0) -> Path:
+    """Write `spec` with weights drawn from `seed`; same inputs, same bytes."""
+    spec.validate()
+    path = Path(path)
+    plans = tensor_plans(spec)
+    w = GGUFWriter(path, spec.arch)
+    try:
+        _add_metadata(w, spec)
+        for t in plans:
+            w.add_tensor_info(t.name, _byte_shape(t), _payload_dtype(t.qtype), tensor_nbytes(t), raw_dtype=t.qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in plans:
+            if t.kind == "matrix":
+                data = _StreamedTensor(t, seed)
+            else:
+                data = _vector_values(spec, t, seed)
+            w.write_tensor_data(data, tensor_endianess=GGUFEndian.LITTLE)  # type: ignore[arg-type]
+    finally:
+        w.close()
+    return path
+
+
+def reference_weights(spec: SynthSpec, name: str, seed: int = 0) -> np.ndarray:
+    """The float32 values `write_gguf` draws for one tensor, before quantization."""
+    for t in tensor_plans(spec):
+        if t.name == name:
+            if t.kind == "matrix":
+                return np.concatenate(list(_matrix_chunks(t, seed)))
+            return _vector_values(spec, t, seed)
+    raise KeyError(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m infr.synth", description="Write a random-weight GGUF model.")
+    ap.add_argument("preset", choices=sorted(PRESETS))
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--type", default=None, choices=WEIGHT_TYPES, help="matrix weight type (default: preset's)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    spec = PRESETS[args.preset]
+    if args.type:
+        spec = replace(spec, weight_type=args.type)
+    try:
+        path = write_gguf(spec, args.out, seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: {spec.arch} {spec.n_layers} layers, d={spec.n_embd}, {spec.weight_type}, "
+          f"{path.stat().st_size / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
