@@ -24,7 +24,7 @@ RUN_OPTIONS = {
     "seed": ("INFR_SEED", int, None),
     "max_new": ("INFR_MAX_NEW", int, 512),
     "ctx": ("INFR_CTX", int, 4096),
-    "backend": ("INFR_BACKEND", str, "cpu"),
+    "backend": ("INFR_BACKEND", str, "auto"),
 }
 
 
@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="send MESSAGE as a plain prompt, print only the text")
     run.add_argument("--system", default=None, help="system message for chat")
     sub.add_parser("models", help="list the offline models infr can fetch by name")
+    sub.add_parser("devices", help="list WebGPU adapters (pick one with INFR_DEVICE=N)")
     return p
 
 
@@ -94,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = resolve(model_ref)
     t0 = time.perf_counter()
     model = Model(path, n_ctx=opts["ctx"], backend=opts["backend"])
-    print(f"infr: loaded {path.name} on {opts['backend']} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    if model.backend_note:
+        print(f"infr: {model.backend_note}", file=sys.stderr)
+    print(f"infr: loaded {path.name} on {model.backend_name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     if model.template.is_fallback and not args.raw:
         print(f"infr: {model.template.fallback_reason}", file=sys.stderr)
     session = model.session()
@@ -159,6 +162,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from infr.gpu.device import describe_adapters
+
+    for line in describe_adapters():
+        print(line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # argparse binds optional positionals at their first chance, so positionals
@@ -170,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, slot, value)
     try:
-        return {"run": cmd_run, "models": cmd_models}[args.command](args)
+        return {"run": cmd_run, "models": cmd_models, "devices": cmd_devices}[args.command](args)
     except InfrError as e:
         if os.environ.get("INFR_DEBUG"):
             raise

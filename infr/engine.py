@@ -25,7 +25,7 @@ from infr.plan import Plan, build_plan
 from infr.sampling import Sampler, SamplingParams
 from infr.tokenizer import Tokenizer
 
-BACKENDS = ("cpu", "gpu")
+BACKENDS = ("auto", "cpu", "gpu")
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Stats:
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "cpu"):
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto"):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -63,11 +63,30 @@ class Model:
         if n_ctx <= 0:
             raise InfrError(f"context size must be positive, got {n_ctx}")
         self.n_ctx = n_ctx
-        self.backend_name = backend
-        self.backend = _make_backend(backend, self.gguf, self.plan, n_ctx)
+        self.backend_name, self.backend_note = choose_backend(backend)
+        self.backend = _make_backend(self.backend_name, self.gguf, self.plan, n_ctx)
 
     def session(self) -> "Session":
         return Session(self)
+
+
+def choose_backend(name: str) -> tuple[str, str | None]:
+    """`auto` takes a hardware GPU when wgpu finds one, else the CPU reference,
+    with a note saying why. A software adapter (lavapipe) is slower than numpy,
+    so only `--backend gpu` uses it."""
+    if name not in BACKENDS:
+        raise InfrError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name != "auto":
+        return name, None
+    from infr.gpu.device import NoAdapterError, get_device
+
+    try:
+        dev = get_device()
+    except NoAdapterError as e:
+        return "cpu", f"no GPU adapter ({e}); using the CPU reference"
+    if dev.is_cpu:
+        return "cpu", f"only a software adapter ({dev.name}); using the CPU reference (--backend gpu forces it)"
+    return "gpu", None
 
 
 def _make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int):
@@ -75,9 +94,9 @@ def _make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int):
         from infr.cpu.backend import CPUBackend
 
         return CPUBackend(gf, plan, n_ctx)
-    if name == "gpu":
-        raise InfrError("the GPU backend is not available in this build yet; use --backend cpu")
-    raise InfrError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    from infr.gpu.backend import GPUBackend
+
+    return GPUBackend(gf, plan, n_ctx)
 
 
 @dataclass

@@ -88,7 +88,7 @@ def test_model_without_template_says_so(gemma3_path):
     [
         (["run", "no-such-model", "hi"], "infr: error: no such model 'no-such-model': not a file, not an offline model"),
         (["run", "missing.gguf", "hi"], "infr: error: no such file: missing.gguf"),
-        (["run", "smollm2", "--backend", "tpu", "hi"], "infr: error: unknown backend 'tpu'; choose one of cpu, gpu"),
+        (["run", "smollm2", "--backend", "tpu", "hi"], "infr: error: unknown backend 'tpu'; choose one of auto, cpu, gpu"),
         (["run", "smollm2", "--top-p", "1.5", "hi"], "infr: error: top_p must be in (0, 1]"),
         (["run", "smollm2", "--raw"], "infr: error: --raw needs a MESSAGE"),
         (["run", "smollm2", "--ctx", "0", "hi"], "infr: error: context size must be positive, got 0"),

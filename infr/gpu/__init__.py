@@ -1,0 +1,1 @@
+"""wgpu backend: device, buffer arena, pipeline cache, and the plan executor."""

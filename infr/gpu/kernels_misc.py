@@ -1,0 +1,179 @@
+"""Params packers and prebuilt dispatches for the small kernels.
+
+Everything here runs once, at load: each helper packs the op's `Params` into a
+uniform buffer (or reuses one it is given), builds the bind group and returns a
+`Dispatch` the backend encodes token after token. Positions are not baked in:
+kernels that need them read the `state` buffer (`state[0]` = position of the
+batch's first token, `state[1]` = T), see docs/gpu_kernels.md.
+
+Packers return the exact bytes of the WGSL struct: fields in declaration order,
+u32 / f32 little-endian, zero-padded to a multiple of 16 bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from infr.gpu.runtime import Dispatch, Kernels, storage
+
+# Bounds the attention kernel is compiled for (its shared q row and V accumulators).
+ATTN_MAX_HEAD_DIM = 512
+ELEMENTWISE_WG = 256
+
+
+def _pack(fields: list[tuple[str, str, object]]) -> bytes:
+    dt = np.dtype([(name, "<u4" if kind == "u32" else "<f4") for name, kind, _ in fields])
+    rec = np.zeros(1, dt)
+    for name, _, value in fields:
+        rec[name] = value
+    raw = rec.tobytes()
+    return raw + b"\0" * (-len(raw) % 16)
+
+
+def pack_rmsnorm(width: int, group: int, eps: float, T: int) -> bytes:
+    return _pack([("width", "u32", width), ("group", "u32", group), ("eps", "f32", eps), ("T", "u32", T)])
+
+
+def pack_rope(n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale: float, has_factors: bool) -> bytes:
+    return _pack([
+        ("n_heads", "u32", n_heads), ("head_dim", "u32", head_dim), ("n_rot", "u32", n_rot),
+        ("theta", "f32", theta), ("freq_scale", "f32", freq_scale), ("has_factors", "u32", int(has_factors)),
+    ])
+
+
+def pack_kv_store(kv_heads: int, head_dim: int, v_head_dim: int) -> bytes:
+    return _pack([("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim), ("v_head_dim", "u32", v_head_dim)])
+
+
+def pack_attention(
+    n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None
+) -> bytes:
+    return _pack([
+        ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
+        ("v_head_dim", "u32", v_head_dim), ("scale", "f32", scale), ("window", "u32", window or 0),
+        ("softcap", "f32", softcap or 0.0),
+    ])
+
+
+def pack_elementwise(n: int, cap: float = 0.0) -> bytes:
+    # gated/add declare {n}; softcap {n, cap}. Same bytes: cap lands in the padding.
+    return _pack([("n", "u32", n), ("cap", "f32", cap)])
+
+
+def pack_argmax(n: int) -> bytes:
+    return _pack([("n", "u32", n)])
+
+
+def pack_state(start: int, T: int) -> np.ndarray:
+    """Contents of the `state` buffer: first position of the batch and its length."""
+    return np.array([start, T, 0, 0], np.uint32)
+
+
+def _params(kernels: Kernels, data: bytes, params, label: str):
+    """The op's uniform buffer: `params` (rewritten with `data`) or a new one."""
+    if params is None:
+        return storage(kernels.dev, np.frombuffer(data, np.uint8), label=f"{label}.params", uniform=True)
+    kernels.dev.device.queue.write_buffer(params, 0, data)
+    return params
+
+
+_dummies: "weakref.WeakKeyDictionary[Kernels, object]" = weakref.WeakKeyDictionary()
+
+
+def _dummy(kernels: Kernels):
+    """A small storage buffer for bindings an op declares but does not read (rope without factors)."""
+    buf = _dummies.get(kernels)
+    if buf is None:
+        buf = _dummies[kernels] = storage(kernels.dev, np.ones(4, np.float32), label="dummy")
+    return buf
+
+
+def _flat_groups(kernels: Kernels, n: int) -> tuple[int, int, int]:
+    """ceil(n / 256) groups, folded into y past the per-dimension limit (the kernel linearises)."""
+    groups = max(1, -(-n // ELEMENTWISE_WG))
+    limit = int(kernels.dev.limits.get("max-compute-workgroups-per-dimension", 65535))
+    if groups <= limit:
+        return (groups, 1, 1)
+    return (limit, -(-groups // limit), 1)
+
+
+def rmsnorm_dispatch(
+    kernels: Kernels, x, g, y, width: int, group: int | None, eps: float, T: int, params=None
+) -> Dispatch:
+    group = group or width
+    if width % group:
+        raise ValueError(f"rmsnorm group {group} does not divide width {width}")
+    pipe = kernels.pipeline("rmsnorm", "main")
+    p = _params(kernels, pack_rmsnorm(width, group, eps, T), params, "rmsnorm")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y]), (width // group, T, 1), "rmsnorm")
+
+
+def rope_dispatch(
+    kernels: Kernels, x, state, n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale: float,
+    style: str, T: int, factors=None, params=None,
+) -> Dispatch:
+    style = getattr(style, "value", style)  # RopeStyle or its string
+    if style not in ("norm", "neox"):
+        raise ValueError(f"unknown rope style {style!r}")
+    if n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"n_rot {n_rot} must be even and at most head_dim {head_dim}")
+    pipe = kernels.pipeline("rope", "main", STYLE=style)
+    p = _params(kernels, pack_rope(n_heads, head_dim, n_rot, theta, freq_scale, factors is not None), params, "rope")
+    ff = factors if factors is not None else _dummy(kernels)
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, ff, state]), (n_heads, T, 1), f"rope_{style}")
+
+
+def kv_store_dispatch(
+    kernels: Kernels, k, v, kcache, vcache, state, kv_heads: int, head_dim: int, v_head_dim: int, T: int, params=None
+) -> Dispatch:
+    if head_dim % 2 or v_head_dim % 2:
+        raise ValueError("the f16 KV cache packs pairs: head dims must be even")
+    pipe = kernels.pipeline("kv_store", "main")
+    p = _params(kernels, pack_kv_store(kv_heads, head_dim, v_head_dim), params, "kv_store")
+    return Dispatch(pipe, kernels.bind(pipe, [p, k, v, kcache, vcache, state]), (kv_heads, T, 1), "kv_store")
+
+
+def attention_dispatch(
+    kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+    scale: float, window: int | None, softcap: float | None, T: int, params=None,
+) -> Dispatch:
+    if n_heads % kv_heads:
+        raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
+    if head_dim % 2 or v_head_dim % 2 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
+        raise ValueError(f"attention head dims must be even and at most {ATTN_MAX_HEAD_DIM}")
+    pipe = kernels.pipeline("attention", "main")
+    data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
+    p = _params(kernels, data, params, "attention")
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, T, 1), "attention")
+
+
+def gated_dispatch(kernels: Kernels, g, u, y, n: int, act: str, params=None) -> Dispatch:
+    act = getattr(act, "value", act)  # Activation or its string
+    if act not in ("silu", "gelu"):
+        raise ValueError(f"unknown activation {act!r}")
+    pipe = kernels.pipeline("elementwise", f"gated_{act}")
+    p = _params(kernels, pack_elementwise(n), params, f"gated_{act}")
+    return Dispatch(pipe, kernels.bind(pipe, [p, g, u, y]), _flat_groups(kernels, n), f"gated_{act}")
+
+
+def add_dispatch(kernels: Kernels, a, b, y, n: int, params=None) -> Dispatch:
+    """y = a + b. y must be its own buffer: a writable binding may not alias a read one."""
+    pipe = kernels.pipeline("elementwise", "add")
+    p = _params(kernels, pack_elementwise(n), params, "add")
+    return Dispatch(pipe, kernels.bind(pipe, [p, a, b, y]), _flat_groups(kernels, n), "add")
+
+
+def softcap_dispatch(kernels: Kernels, x, n: int, cap: float, params=None) -> Dispatch:
+    if not cap > 0:
+        raise ValueError(f"softcap needs a positive cap, got {cap}")
+    pipe = kernels.pipeline("elementwise", "softcap")
+    p = _params(kernels, pack_elementwise(n, cap), params, "softcap")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x]), _flat_groups(kernels, n), "softcap")
+
+
+def argmax_dispatch(kernels: Kernels, x, out, n: int, params=None) -> Dispatch:
+    pipe = kernels.pipeline("argmax", "main")
+    p = _params(kernels, pack_argmax(n), params, "argmax")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, out]), (1, 1, 1), "argmax")

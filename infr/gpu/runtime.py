@@ -1,0 +1,122 @@
+"""WGSL loading, the pipeline cache, buffers and one-shot dispatch helpers.
+
+Kernels live in `wgsl/NAME.wgsl`. A source may hold `{{KEY}}` placeholders,
+filled from the constants a pipeline is asked for (the "small template step":
+workgroup sizes, the quant type's block reader). One compiled pipeline per
+(file, entry, constants), built once per process and shared by every model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from infr.gpu.device import Device
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+def wgsl_dir() -> Path:
+    here = Path(__file__).resolve().parents[2] / "wgsl"
+    if here.is_dir():  # a source checkout or editable install
+        return here
+    return Path(str(resources.files("infr._wgsl")))  # an installed wheel
+
+
+def load_source(name: str, consts: dict[str, object] | None = None) -> str:
+    src = (wgsl_dir() / f"{name}.wgsl").read_text()
+    consts = consts or {}
+    # `#include other` pulls in a shared file (block readers, helpers) once.
+    src = re.sub(r"^//\s*#include\s+(\w+)\s*$", lambda m: (wgsl_dir() / f"{m[1]}.wgsl").read_text(), src, flags=re.M)
+
+    def fill(m: re.Match) -> str:
+        if m[1] not in consts:
+            raise KeyError(f"{name}.wgsl needs constant {m[1]}")
+        return str(consts[m[1]])
+
+    return _PLACEHOLDER.sub(fill, src)
+
+
+class Kernels:
+    """Pipeline cache for one device."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self._cache: dict[tuple, object] = {}
+        self.compile_seconds = 0.0
+
+    def pipeline(self, name: str, entry: str = "main", **consts: object):
+        key = (name, entry, tuple(sorted(consts.items())))
+        pipe = self._cache.get(key)
+        if pipe is None:
+            import time
+
+            t0 = time.perf_counter()
+            module = self.dev.device.create_shader_module(label=name, code=load_source(name, consts))
+            pipe = self.dev.device.create_compute_pipeline(
+                label=f"{name}:{entry}", layout="auto", compute={"module": module, "entry_point": entry}
+            )
+            self.compile_seconds += time.perf_counter() - t0
+            self._cache[key] = pipe
+        return pipe
+
+    def bind(self, pipeline, resources_: Sequence[object]):
+        """Bind group 0: binding i gets resources_[i] (a buffer or a (buffer, offset, size) triple)."""
+        entries = []
+        for i, res in enumerate(resources_):
+            if isinstance(res, tuple):
+                buf, offset, size = res
+                entries.append({"binding": i, "resource": {"buffer": buf, "offset": offset, "size": size}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": res, "offset": 0, "size": res.size}})
+        return self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+
+@dataclass
+class Dispatch:
+    pipeline: object
+    bind_group: object
+    groups: tuple[int, int, int]
+    label: str = ""
+
+
+def storage(dev: Device, data: np.ndarray | int, label: str = "", uniform: bool = False):
+    """A storage (or uniform) buffer holding `data`, or `data` bytes of zeros; sizes padded to 16."""
+    import wgpu
+
+    usage = wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+    usage |= wgpu.BufferUsage.UNIFORM if uniform else wgpu.BufferUsage.STORAGE
+    if isinstance(data, int):
+        return dev.device.create_buffer(label=label, size=max(16, _pad(data)), usage=usage)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    buf = dev.device.create_buffer(label=label, size=max(16, _pad(raw.nbytes)), usage=usage)
+    if raw.nbytes:
+        padded = raw if raw.nbytes % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
+        dev.device.queue.write_buffer(buf, 0, padded)
+    return buf
+
+
+def _pad(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def run(dev: Device, dispatches: Sequence[Dispatch]) -> None:
+    """Encode the dispatches in one compute pass and submit (tests and one-off work)."""
+    enc = dev.device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    for d in dispatches:
+        cp.set_pipeline(d.pipeline)
+        cp.set_bind_group(0, d.bind_group)
+        cp.dispatch_workgroups(*d.groups)
+    cp.end()
+    dev.device.queue.submit([enc.finish()])
+
+
+def read(dev: Device, buf, dtype=np.float32, count: int | None = None) -> np.ndarray:
+    out = np.frombuffer(dev.device.queue.read_buffer(buf), dtype=dtype)
+    return out[:count] if count is not None else out

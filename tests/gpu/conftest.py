@@ -1,0 +1,29 @@
+"""GPU tests run on whatever adapter wgpu finds (lavapipe in CI); they skip
+cleanly where none exists, except under CI, where a missing adapter fails."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from infr.errors import InfrError
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    from infr.gpu.device import get_device
+
+    try:
+        return get_device()
+    except InfrError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no WebGPU adapter: {e}")
+
+
+@pytest.fixture(scope="session")
+def kernels(gpu):
+    from infr.gpu.runtime import Kernels
+
+    return Kernels(gpu)

@@ -1,0 +1,144 @@
+// Causal attention of this batch's queries over the f16 KV cache.
+// One workgroup per (query head, token): dispatch (n_heads, T, 1). Query t sits
+// at position state[0] + t and sees keys [max(0, pos - window + 1), pos]
+// (window 0 = all): the reference masks q_pos - k_pos >= window.
+// GQA: query head h reads kv head h / (n_heads / kv_heads).
+//
+// Like the reference (and llama.cpp's non-flash path) q is rounded to f16, and
+// so are the *normalised* probabilities before they multiply V. Normalised
+// rounding needs the final max and sum first, so the kernel makes two passes
+// over the keys: pass 1 keeps a running (max, sum) per invocation (online
+// softmax, merged through shared memory), pass 2 recomputes each score and
+// accumulates f16(p) * v a tile of WG keys at a time. Nothing is stored per
+// key, so any context length works; the price is reading K twice.
+
+struct Params {
+    n_heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    v_head_dim: u32,
+    scale: f32,
+    window: u32,   // 0 = no sliding window
+    softcap: f32,  // 0 = none
+}
+
+const WG: u32 = 64u;
+const MAX_D: u32 = 512u;            // head_dim and v_head_dim bound (the host checks)
+const ACC: u32 = MAX_D / 2u / WG;   // V words (2 dims) each invocation accumulates
+const NEG_BIG: f32 = -3.0e38;       // finite "minus infinity": no inf - inf anywhere
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> kcache: array<u32>;
+@group(0) @binding(3) var<storage, read> vcache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> state: array<u32>;
+
+var<workgroup> qs: array<f32, MAX_D>;
+var<workgroup> red_m: array<f32, WG>;
+var<workgroup> red_l: array<f32, WG>;
+var<workgroup> probs: array<f32, WG>;
+
+fn f16_round(v: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+}
+
+fn tanh_safe(v: f32) -> f32 {
+    return tanh(clamp(v, -9.0, 9.0));
+}
+
+// Scaled (and soft-capped) q . k for the key at position j of kv head kvh.
+fn score(j: u32, kvh: u32) -> f32 {
+    let kw = params.head_dim / 2u;
+    let base = (j * params.kv_heads + kvh) * kw;
+    var s = 0.0;
+    for (var w = 0u; w < kw; w++) {
+        let kv = unpack2x16float(kcache[base + w]);
+        s += qs[2u * w] * kv.x + qs[2u * w + 1u] * kv.y;
+    }
+    s *= params.scale;
+    if (params.softcap > 0.0) {
+        s = tanh_safe(s / params.softcap) * params.softcap;
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let kvh = h / (params.n_heads / params.kv_heads);
+    let pos = state[0] + t;
+    var lo = 0u;
+    if (params.window > 0u && pos + 1u > params.window) {
+        lo = pos + 1u - params.window;
+    }
+    let hi = pos + 1u;
+
+    let qbase = (t * params.n_heads + h) * params.head_dim;
+    for (var d = tid; d < params.head_dim; d += WG) {
+        qs[d] = f16_round(q[qbase + d]);
+    }
+    workgroupBarrier();
+
+    // Pass 1: running max and sum of exp over this invocation's keys.
+    var m = NEG_BIG;
+    var l = 0.0;
+    for (var j = lo + tid; j < hi; j += WG) {
+        let s = score(j, kvh);
+        let m_new = max(m, s);
+        l = l * exp(m - m_new) + exp(s - m_new);
+        m = m_new;
+    }
+    red_m[tid] = m;
+    red_l[tid] = l;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            let m1 = red_m[tid];
+            let m2 = red_m[tid + stride];
+            let mm = max(m1, m2);
+            red_l[tid] = red_l[tid] * exp(m1 - mm) + red_l[tid + stride] * exp(m2 - mm);
+            red_m[tid] = mm;
+        }
+        workgroupBarrier();
+    }
+    let m_all = red_m[0];
+    let l_all = red_l[0];
+
+    // Pass 2: p = f16(exp(s - max) / sum), out = sum_j p_j * v_j.
+    let vw = params.v_head_dim / 2u;
+    var acc: array<vec2<f32>, ACC>;
+    for (var c = 0u; c < ACC; c++) {
+        acc[c] = vec2<f32>(0.0, 0.0);
+    }
+    for (var b = lo; b < hi; b += WG) {
+        let j = b + tid;
+        var p = 0.0;
+        if (j < hi) {
+            p = f16_round(exp(score(j, kvh) - m_all) / l_all);
+        }
+        probs[tid] = p;
+        workgroupBarrier();
+        let n = min(WG, hi - b);
+        for (var jj = 0u; jj < n; jj++) {
+            let pj = probs[jj];
+            let vbase = ((b + jj) * params.kv_heads + kvh) * vw;
+            for (var c = 0u; c < ACC; c++) {
+                let w = tid + c * WG;
+                if (w < vw) {
+                    acc[c] += pj * unpack2x16float(vcache[vbase + w]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    let obase = (t * params.n_heads + h) * params.v_head_dim;
+    for (var c = 0u; c < ACC; c++) {
+        let w = tid + c * WG;
+        if (w < vw) {
+            out[obase + 2u * w] = acc[c].x;
+            out[obase + 2u * w + 1u] = acc[c].y;
+        }
+    }
+}

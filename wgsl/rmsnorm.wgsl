@@ -1,0 +1,46 @@
+// RMSNorm: y = x / sqrt(mean(x^2) + eps) * g, over groups of `group` values.
+// One workgroup per (group, token): dispatch (width / group, T, 1). A plain
+// norm has group = width; QK-norm has group = head_dim and g of length group.
+
+struct Params {
+    width: u32,
+    group: u32,
+    eps: f32,
+    T: u32,
+}
+
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> g: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    // The guard is uniform (params and workgroup id only), so barriers below stay legal.
+    if (wid.y >= params.T) {
+        return;
+    }
+    let base = wid.y * params.width + wid.x * params.group;
+    var s = 0.0;
+    for (var i = tid; i < params.group; i += WG) {
+        let v = x[base + i];
+        s += v * v;
+    }
+    partial[tid] = s;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) {
+            partial[tid] += partial[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    // Same expression shape as the reference: x * (1 / sqrt(ms + eps)) * g.
+    let inv = 1.0 / sqrt(partial[0] / f32(params.group) + params.eps);
+    for (var i = tid; i < params.group; i += WG) {
+        y[base + i] = x[base + i] * inv * g[i];
+    }
+}
