@@ -29,17 +29,40 @@ def wgsl_dir() -> Path:
 
 
 def load_source(name: str, consts: dict[str, object] | None = None) -> str:
-    src = (wgsl_dir() / f"{name}.wgsl").read_text()
+    return render_source((wgsl_dir() / f"{name}.wgsl").read_text(), consts, name)
+
+
+_INCLUDE = re.compile(r"^//\s*#include\s+(\w+)\s*$", re.MULTILINE)
+
+
+def render_source(src: str, consts: dict[str, object] | None = None, name: str = "<source>") -> str:
+    """Fill `{{KEY}}` placeholders, then expand `// #include other` lines.
+
+    Placeholders go first so `// #include quant_{{QTYPE}}` names a real file.
+    Includes are recursive (a quant reader includes quant_common) and each file
+    is pulled in once per final source: WGSL rejects a function defined twice.
+    """
     consts = consts or {}
-    # `#include other` pulls in a shared file (block readers, helpers) once.
-    src = re.sub(r"^//\s*#include\s+(\w+)\s*$", lambda m: (wgsl_dir() / f"{m[1]}.wgsl").read_text(), src, flags=re.M)
+    seen: set[str] = set()
 
-    def fill(m: re.Match) -> str:
-        if m[1] not in consts:
-            raise KeyError(f"{name}.wgsl needs constant {m[1]}")
-        return str(consts[m[1]])
+    def fill(text: str, where: str) -> str:
+        def one(m: re.Match) -> str:
+            if m[1] not in consts:
+                raise KeyError(f"{where}.wgsl needs constant {m[1]}")
+            return str(consts[m[1]])
 
-    return _PLACEHOLDER.sub(fill, src)
+        return _PLACEHOLDER.sub(one, text)
+
+    def expand(text: str) -> str:
+        def include(m: re.Match) -> str:
+            if m[1] in seen:
+                return f"// (already included: {m[1]})"
+            seen.add(m[1])
+            return expand(fill((wgsl_dir() / f"{m[1]}.wgsl").read_text(), m[1]))
+
+        return _INCLUDE.sub(include, text)
+
+    return expand(fill(src, name))
 
 
 class Kernels:

@@ -1,0 +1,305 @@
+"""Executes a plan on a WebGPU device: the same ops as the numpy reference.
+
+At load: weights are uploaded once in their GGUF block layout, activation
+buffers are planned from the op list, and for a batch shape (T tokens, n
+logit rows) every pipeline, params buffer and bind group is built once and
+cached. A forward call then writes the token ids and the state buffer
+(first position, T), encodes the prebuilt dispatches in one compute pass and
+reads the logits back.
+
+WebGPU forbids binding one buffer as read-only and writable in a dispatch,
+so an op that writes a buffer it also reads (`x = x + o`, in-place norms)
+writes the other half of a ping-pong pair.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from infr.errors import InfrError
+from infr.gguf_file import GGUFFile
+from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_misc as KS
+from infr.gpu.device import Device, get_device
+from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
+from infr.plan import Plan
+
+MAX_BATCH = 128  # tokens per forward pass; longer prompts run in chunks
+MAX_LOGIT_ROWS = 32
+SHAPE_CACHE = 6  # distinct (T, n_logits) graphs kept built
+TOKEN_LOG = 4096  # greedy tokens decoded on the GPU before the host must read them
+TOKENS_PER_SUBMIT = 8
+
+
+class GPUBackend:
+    name = "gpu"
+
+    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None):
+        from infr.cpu.weights import check_supported
+
+        self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
+        self.dev = dev or get_device()
+        self.kern = kernels or _shared_kernels(self.dev)
+        spec = plan.spec
+        for name in plan.weights():
+            check_supported(gf.tensor(name))
+        self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
+        self.vram = 0
+        for name in plan.weights():
+            t = gf.tensor(name)
+            if len(t.shape) == 2:
+                self.weights[name] = KM.upload_weight(self.dev, t)
+            else:
+                self.weights[name] = [storage(self.dev, np.asarray(t.raw, np.float32), label=name)]
+            self.vram += t.nbytes
+        self.widths = _buffer_widths(plan, gf)
+        self.buffers: dict[str, list] = {}
+        for name in self.widths:
+            self.buffers[name] = [self._activation(name, 0)]
+        self.tail = storage(self.dev, MAX_LOGIT_ROWS * spec.n_embd * 4, label="x_tail")
+        self.ids = storage(self.dev, MAX_BATCH * 4, label="ids")
+        self.state = storage(self.dev, 16, label="state")
+        self.token_log = storage(self.dev, 4 * TOKEN_LOG, label="token_log")
+        self.k_cache, self.v_cache = {}, {}
+        for layer in spec.layers:
+            a = layer.attention
+            self.k_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.head_dim * 2, label="k")
+            self.v_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.v_head_dim * 2, label="v")
+            self.vram += n_ctx * a.n_kv_heads * (a.head_dim + a.v_head_dim) * 2
+        self._graphs: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        self._graph(1, 1)  # the decode graph: built at load
+
+    def _activation(self, name: str, i: int):
+        rows = MAX_LOGIT_ROWS if name == "logits" else MAX_BATCH
+        self.vram += rows * self.widths[name] * 4
+        return storage(self.dev, rows * self.widths[name] * 4, label=f"{name}.{i}")
+
+    # --- execution
+
+    def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.uint32)
+        if start + len(ids) > self.n_ctx:
+            raise InfrError(f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}")
+        if len(ids) and int(ids.max()) >= self.plan.spec.n_vocab:
+            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
+        n_logits = max(1, min(n_logits, len(ids)))
+        if n_logits > MAX_LOGIT_ROWS:
+            raise InfrError(f"at most {MAX_LOGIT_ROWS} logit rows per call on the GPU backend")
+        out = []
+        pos = start
+        # Chunks of MAX_BATCH; the last chunk carries the logit rows (it must hold all of them).
+        bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]
+        if len(ids) - bounds[-2] < n_logits:
+            bounds[-2] = len(ids) - n_logits
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            last = b == len(ids)
+            out = self._run(ids[a:b], pos, n_logits if last else 0)
+            pos += b - a
+        return out
+
+    def _run(self, ids: np.ndarray, start: int, n_logits: int) -> np.ndarray:
+        T = len(ids)
+        q = self.dev.device.queue
+        q.write_buffer(self.ids, 0, ids)
+        q.write_buffer(self.state, 0, KS.pack_state(start, T))
+        body, head, x_buf = self._graph(T, n_logits)
+        enc = self.dev.device.create_command_encoder()
+        _encode(enc, body)
+        if n_logits:
+            if n_logits != T:  # the head runs on the last rows only
+                width = self.plan.spec.n_embd * 4
+                enc.copy_buffer_to_buffer(x_buf, (T - n_logits) * width, self.tail, 0, n_logits * width)
+            _encode(enc, head)
+        q.submit([enc.finish()])
+        if not n_logits:
+            return np.zeros((0, self.plan.spec.n_vocab), np.float32)
+        vocab = self.plan.spec.n_vocab
+        logits_buf = self._logits_buffer(T, n_logits)
+        raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
+        return raw.reshape(n_logits, vocab).copy()
+
+    def decode_greedy(self, token: int, start: int, n: int, per_submit: int = TOKENS_PER_SUBMIT) -> list[int]:
+        """n greedy steps that never leave the GPU: argmax writes the next token
+        where the embedding reads it and a step kernel advances the position.
+        The host only encodes (token t+1 while the GPU runs token t) and reads
+        the token log once at the end."""
+        if start + n > self.n_ctx:
+            raise InfrError(f"context full: {start + n} tokens do not fit in a context of {self.n_ctx}")
+        if n > TOKEN_LOG:
+            raise InfrError(f"at most {TOKEN_LOG} greedy tokens per call")
+        q = self.dev.device.queue
+        q.write_buffer(self.ids, 0, np.array([token], np.uint32))
+        q.write_buffer(self.state, 0, KS.pack_state(start, 1))
+        step = self._decode_step()
+        done = 0
+        while done < n:
+            k = min(per_submit, n - done)
+            enc = self.dev.device.create_command_encoder()
+            _encode(enc, step * k)
+            q.submit([enc.finish()])
+            done += k
+        return np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
+
+    def _decode_step(self) -> list[Dispatch]:
+        if not hasattr(self, "_step"):
+            body, head, _ = self._graph(1, 1)
+            logits = self._graphs[(1, 1)][3]
+            argmax = KS.argmax_dispatch(self.kern, logits, self.ids, self.plan.spec.n_vocab)
+            pipe = self.kern.pipeline("step", "main")
+            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
+            self._step = body + head + [argmax, advance]
+        return self._step
+
+    def _logits_buffer(self, T: int, n_logits: int):
+        return self._graphs[(T, n_logits)][3]
+
+    # --- lowering
+
+    def _graph(self, T: int, n_logits: int):
+        key = (T, n_logits)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            return self._graphs[key][:3]
+        lower = _Lowering(self, T)
+        body = []
+        for op in self.plan.embed + self.plan.layers:
+            body += lower.op(op)
+        x_buf = lower.current("x")
+        head = []
+        if n_logits:
+            if n_logits != T:
+                lower.rows = n_logits
+                lower.bind_external("x", self.tail)
+            for op in self.plan.head:
+                head += lower.op(op)
+        logits = lower.current("logits") if n_logits else None
+        self._graphs[key] = (body, head, x_buf, logits)
+        while len(self._graphs) > SHAPE_CACHE:
+            self._graphs.popitem(last=False)
+        return body, head, x_buf
+
+    @property
+    def dispatches_per_token(self) -> int:
+        body, head, _ = self._graph(1, 1)
+        return len(body) + len(head)
+
+
+class _Lowering:
+    """Turns plan ops into dispatches for one batch shape, tracking which
+    physical buffer holds each named value."""
+
+    def __init__(self, be: GPUBackend, T: int):
+        self.be, self.k, self.rows = be, be.kern, T
+        self.phys = {name: 0 for name in be.buffers}
+        self.external: dict[str, object] = {}
+
+    def current(self, name: str):
+        if name in self.external:
+            return self.external[name]
+        return self.be.buffers[name][self.phys[name]]
+
+    def bind_external(self, name: str, buf) -> None:
+        self.external[name] = buf
+
+    def target(self, name: str, *reads: str):
+        """The buffer to write `name` into; the other half of its pair if the op also reads it."""
+        self.external.pop(name, None)
+        pair = self.be.buffers[name]
+        if name in reads:
+            self.phys[name] ^= 1
+            if len(pair) == 1:  # the second half, made the first time a shape needs it
+                pair.append(self.be._activation(name, 1))
+        return pair[self.phys[name]]
+
+    def op(self, op) -> list[Dispatch]:
+        be, T = self.be, self.rows
+        w = be.widths
+        if isinstance(op, MatMul):
+            x = self.current(op.src)
+            bias = be.weights[op.bias][0] if op.bias else None
+            t = be.gf.tensor(op.weight)
+            y = self.target(op.dst, op.src)
+            return KM.matmul_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T)
+        if isinstance(op, RMSNorm):
+            x = self.current(op.src)
+            y = self.target(op.dst, op.src)
+            g = be.weights[op.weight][0]
+            return [KS.rmsnorm_dispatch(self.k, x, g, y, w[op.src], op.group, op.eps, T)]
+        if isinstance(op, Rope):
+            r = op.rope
+            factors = be.weights[r.freq_factors][0] if r.freq_factors else None
+            x = self.current(op.buf)
+            return [KS.rope_dispatch(self.k, x, be.state, op.n_heads, op.head_dim, r.n_rot, r.theta,
+                                     r.freq_scale, r.style, T, factors=factors)]
+        if isinstance(op, StoreKV):
+            a = be.plan.spec.layers[op.layer].attention
+            return [KS.kv_store_dispatch(self.k, self.current(op.k), self.current(op.v), be.k_cache[op.layer],
+                                         be.v_cache[op.layer], be.state, a.n_kv_heads, a.head_dim, a.v_head_dim, T)]
+        if isinstance(op, Attention):
+            a = op.spec
+            q = self.current(op.q)
+            out = self.target(op.dst, op.q)
+            return [KS.attention_dispatch(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
+                                          a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
+                                          a.sliding_window, a.softcap, T)]
+        if isinstance(op, GatedAct):
+            g, u = self.current(op.gate), self.current(op.up)
+            y = self.target(op.dst, op.gate, op.up)
+            return [KS.gated_dispatch(self.k, g, u, y, T * w[op.gate], op.act)]
+        if isinstance(op, Add):
+            a, b = self.current(op.a), self.current(op.b)
+            y = self.target(op.dst, op.a, op.b)
+            return [KS.add_dispatch(self.k, a, b, y, T * w[op.a])]
+        if isinstance(op, Embed):
+            t = be.gf.tensor(op.table)
+            y = self.target(op.dst)
+            return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
+        if isinstance(op, Softcap):
+            return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
+        raise NotImplementedError(type(op).__name__)
+
+
+def _encode(enc, dispatches: list[Dispatch]) -> None:
+    cp = enc.begin_compute_pass()
+    for d in dispatches:
+        cp.set_pipeline(d.pipeline)
+        cp.set_bind_group(0, d.bind_group)
+        cp.dispatch_workgroups(*d.groups)
+    cp.end()
+
+
+def _buffer_widths(plan: Plan, gf: GGUFFile) -> dict[str, int]:
+    spec = plan.spec
+    widths: dict[str, int] = {}
+
+    def put(name: str, width: int) -> None:
+        widths[name] = max(widths.get(name, 0), width)
+
+    for op in plan.ops:
+        if isinstance(op, Embed):
+            put(op.dst, spec.n_embd)
+        elif isinstance(op, MatMul):
+            put(op.dst, gf.tensor(op.weight).shape[0])
+        elif isinstance(op, Attention):
+            put(op.dst, op.spec.n_heads * op.spec.v_head_dim)
+        elif isinstance(op, (RMSNorm,)):
+            put(op.dst, widths[op.src])
+        elif isinstance(op, GatedAct):
+            put(op.dst, widths[op.gate])
+        elif isinstance(op, Add):
+            put(op.dst, widths[op.a])
+    return widths
+
+
+_KERNELS: dict[int, Kernels] = {}
+
+
+def _shared_kernels(dev: Device) -> Kernels:
+    """One pipeline cache per device, shared by every model and session in the process."""
+    k = _KERNELS.get(id(dev))
+    if k is None:
+        k = _KERNELS[id(dev)] = Kernels(dev)
+    return k
