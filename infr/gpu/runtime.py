@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
+import importlib.util
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +25,8 @@ def wgsl_dir() -> Path:
     here = Path(__file__).resolve().parents[2] / "wgsl"
     if here.is_dir():  # a source checkout or editable install
         return here
-    return Path(str(resources.files("infr._wgsl")))  # an installed wheel
+    spec = importlib.util.find_spec("infr._wgsl")  # an installed wheel: a data-only package
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def load_source(name: str, consts: dict[str, object] | None = None) -> str:
