@@ -51,7 +51,7 @@ def model_path(ref: str) -> Path:
 
 
 def load_backend(path: Path, backend: str, n_ctx: int):
-    from infr.engine import _make_backend, choose_backend
+    from infr.backends import choose_backend, make_backend
     from infr.gguf_file import open_gguf
     from infr.models import build_spec
     from infr.plan import build_plan
@@ -62,7 +62,7 @@ def load_backend(path: Path, backend: str, n_ctx: int):
     if note:
         print(f"infr: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    be = _make_backend(name, gf, plan, n_ctx)
+    be = make_backend(name, gf, plan, n_ctx)
     return gf, plan, be, name, time.perf_counter() - t0
 
 

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
+from infr.backends import choose_backend, make_backend
 from infr.chat import ChatTemplate
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile, open_gguf
@@ -25,7 +26,6 @@ from infr.plan import Plan, build_plan
 from infr.sampling import Sampler, SamplingParams
 from infr.tokenizer import Tokenizer
 
-BACKENDS = ("auto", "cpu", "gpu")
 
 
 @dataclass
@@ -64,39 +64,10 @@ class Model:
             raise InfrError(f"context size must be positive, got {n_ctx}")
         self.n_ctx = n_ctx
         self.backend_name, self.backend_note = choose_backend(backend)
-        self.backend = _make_backend(self.backend_name, self.gguf, self.plan, n_ctx)
+        self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx)
 
     def session(self) -> "Session":
         return Session(self)
-
-
-def choose_backend(name: str) -> tuple[str, str | None]:
-    """`auto` takes a hardware GPU when wgpu finds one, else the CPU reference,
-    with a note saying why. A software adapter (lavapipe) is slower than numpy,
-    so only `--backend gpu` uses it."""
-    if name not in BACKENDS:
-        raise InfrError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    if name != "auto":
-        return name, None
-    from infr.gpu.device import NoAdapterError, get_device
-
-    try:
-        dev = get_device()
-    except NoAdapterError as e:
-        return "cpu", f"no GPU adapter ({e}); using the CPU reference"
-    if dev.is_cpu:
-        return "cpu", f"only a software adapter ({dev.name}); using the CPU reference (--backend gpu forces it)"
-    return "gpu", None
-
-
-def _make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int):
-    if name == "cpu":
-        from infr.cpu.backend import CPUBackend
-
-        return CPUBackend(gf, plan, n_ctx)
-    from infr.gpu.backend import GPUBackend
-
-    return GPUBackend(gf, plan, n_ctx)
 
 
 @dataclass

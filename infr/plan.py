@@ -26,8 +26,8 @@ class Plan:
     def weights(self) -> list[str]:
         names: list[str] = []
         for op in self.ops:
-            for attr in ("table", "weight", "bias"):
-                name = getattr(op, attr, None)
+            for name in (getattr(op, "table", None), getattr(op, "weight", None), getattr(op, "bias", None),
+                         getattr(getattr(op, "rope", None), "freq_factors", None)):
                 if name and name not in names:
                     names.append(name)
         return names
