@@ -42,12 +42,11 @@ def infr_side(path: Path, n_vocab_hint: int | None = None) -> dict:
     # Host cost of encoding one decode step (no submit): the part pipelining must hide.
     step = be._decode_step()
     enc = be.dev.device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
     t0 = time.perf_counter()
-    from infr.gpu.backend import _encode
-
-    for _ in range(20):
-        _encode(enc, step)
+    step.encode(cpass, times=20)
     host_us = (time.perf_counter() - t0) / 20 * 1e6
+    cpass.end()
     enc.finish()
     return {
         "backend": backend,
@@ -85,19 +84,22 @@ def llama_side(path: Path, n_vocab: int) -> dict:
         return {"error": "LLAMA_SERVER not set"}
     port = _free_port()
     cmd = [server, "-m", str(path), "-ngl", "999", "-c", "2048", "--port", str(port), "--host", "127.0.0.1",
-           "-np", "1", "--no-warmup"]
+           "-np", "1"]
     log = open("/tmp/llama-server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        for _ in range(600):
+        deadline = time.time() + 180
+        while True:
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                tail = Path("/tmp/llama-server.log").read_text()[-3000:]
+                return {"error": f"llama-server not ready (exit {proc.poll()})", "log_tail": tail}
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
                         break
             except Exception:
                 time.sleep(0.5)
-        else:
-            return {"error": "llama-server did not become ready"}
         rng = np.random.default_rng(0)
         pp, tg = [], []
         for rep in range(REPS + 1):

@@ -23,7 +23,7 @@ from infr.gguf_file import GGUFFile
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu.device import Device, get_device
-from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan
 
@@ -138,19 +138,21 @@ class GPUBackend:
         while done < n:
             k = min(per_submit, n - done)
             enc = self.dev.device.create_command_encoder()
-            _encode(enc, step * k)
+            cpass = enc.begin_compute_pass()
+            step.encode(cpass, times=k)
+            cpass.end()
             q.submit([enc.finish()])
             done += k
         return np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
 
-    def _decode_step(self) -> list[Dispatch]:
+    def _decode_step(self) -> Recording:
         if not hasattr(self, "_step"):
             body, head, _ = self._graph(1, 1)
             logits = self._graphs[(1, 1)][3]
             argmax = KS.argmax_dispatch(self.kern, logits, self.ids, self.plan.spec.n_vocab)
             pipe = self.kern.pipeline("step", "main")
             advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
-            self._step = body + head + [argmax, advance]
+            self._step = Recording(body + head + [argmax, advance])
         return self._step
 
     def _logits_buffer(self, T: int, n_logits: int):
@@ -264,10 +266,7 @@ class _Lowering:
 
 def _encode(enc, dispatches: list[Dispatch]) -> None:
     cp = enc.begin_compute_pass()
-    for d in dispatches:
-        cp.set_pipeline(d.pipeline)
-        cp.set_bind_group(0, d.bind_group)
-        cp.dispatch_workgroups(*d.groups)
+    Recording(dispatches).encode(cp)
     cp.end()
 
 

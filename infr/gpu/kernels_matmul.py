@@ -76,6 +76,11 @@ def row_bytes(qtype, K: int) -> int:
     return K // qk * nbytes
 
 
+# Types with a coalesced kernel (wgsl/gemv_TYPE.wgsl) -> the K multiple it needs.
+_COALESCED = {Q.Q4_K: 256}
+COALESCED_ROWS = 8
+
+
 def rows_per_workgroup(qtype) -> int:
     as_qtype(qtype)
     return _ROWS_PER_WG
@@ -179,13 +184,18 @@ def matmul_dispatches(
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
     pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
+    label = f"matmul_{wgsl_name(q)}"
+    if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of 32 lanes reads each block together
+        rows_wg = COALESCED_ROWS
+        pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", ROWS=rows_wg)
+        label = f"gemv_{wgsl_name(q)}"
     b = bias if bias is not None else _no_bias(kernels)
     out = []
     for buf, row0, rows in chunks:
         data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), T, 1)
-        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b]), groups, f"matmul_{wgsl_name(q)}"))
+        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b]), groups, label))
     return out
 
 
