@@ -37,7 +37,7 @@ def model_path(ref: str) -> Path:
         wtype = rest[0] if rest else None
         if preset not in synth.PRESETS:
             raise InfrError(f"unknown synthetic preset {preset!r}; known: {', '.join(sorted(synth.PRESETS))}")
-        spec = synth.preset(preset, **({"weight_type": wtype} if wtype else {}))
+        spec = synth.preset(preset, tokenizer="gpt2", **({"weight_type": wtype} if wtype else {}))
         out = cache_dir().parent / "synth" / f"{preset}-{spec.weight_type}.gguf"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,7 @@ class SynthSpec:
     norm_eps: float = 1e-6
     rope_scaling: Llama3Rope | None = None  # llama only
     name: str = "synthetic"
+    tokenizer: str = "test"  # "test" (llama-cpp-python) or "gpt2" (llama-server builds without `test`)
 
     @property
     def qk_norm(self) -> bool:
@@ -437,6 +438,21 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))
     if spec.weight_type not in ("F32", "F16", "BF16"):
         w.add_quantization_version(2)
+    if spec.tokenizer == "gpt2":
+        # A byte-level BPE vocabulary: GPT-2's 256 byte symbols, then fillers;
+        # llama.cpp insists on a merges list, so give it one.
+        byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + [
+            chr(c) for c in range(174, 256)]
+        byte_chars += [chr(256 + i) for i in range(256 - len(byte_chars))]
+        tokens = byte_chars + [f"t{i}" for i in range(spec.n_vocab - len(byte_chars))]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([1] * spec.n_vocab)
+        w.add_token_merges(["t 0"])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(1)
+        return
     w.add_tokenizer_model("test")
     # llama.cpp's test tokenizer prints a token as its id in hex; name tokens so.
     w.add_token_list([f"{i:x}" for i in range(spec.n_vocab)])
