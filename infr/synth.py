@@ -445,10 +445,13 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
             chr(c) for c in range(174, 256)]
         byte_chars += [chr(256 + i) for i in range(256 - len(byte_chars))]
         tokens = byte_chars + [f"t{i}" for i in range(spec.n_vocab - len(byte_chars))]
+        # Bytes >= 128 alone are not UTF-8: as control tokens they print nothing,
+        # so random greedy output never trips a server's text handling.
+        non_ascii = set(range(94, 188)) | {i for i in range(188, 256) if not (i - 188 <= 32 or i - 188 == 33)}
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
-        w.add_token_types([1] * spec.n_vocab)
+        w.add_token_types([3 if i in non_ascii else 1 for i in range(spec.n_vocab)])
         w.add_token_merges(["t 0"])
         w.add_bos_token_id(0)
         w.add_eos_token_id(1)
