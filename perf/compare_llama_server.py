@@ -146,7 +146,10 @@ def main() -> None:
         except Exception as e:  # report and go on to llama.cpp
             entry["infr"] = {"error": repr(e)}
         print(json.dumps({ref: entry}, indent=1), flush=True)
-        entry["llama_server"] = llama_side(path, n_vocab)
+        try:
+            entry["llama_server"] = llama_side(path, n_vocab)
+        except Exception as e:  # keep infr's numbers
+            entry["llama_server"] = {"error": repr(e)}
         i, l_ = entry["infr"], entry["llama_server"]
         if "tg128" in i and "tg128" in l_:
             entry["ratio_tg128"] = i["tg128"]["avg_ts"] / l_["tg128"]["avg_ts"]
