@@ -35,9 +35,10 @@ def resolve(ref: str | None) -> Path:
 
 
 def quant_matches(filename: str, quant: str) -> bool:
-    """QUANT matches on token boundaries, case-insensitively: Q4_K_M in x-Q4_K_M.gguf, Q2_0 not in PQ2_0."""
+    """QUANT matches on token boundaries, case-insensitively: Q4_K_M in x-Q4_K_M.gguf; Q2_0 not in
+    PQ2_0, Q4_K not in Q4_K_M."""
     stem = filename.rsplit("/", 1)[-1]
-    return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9])", stem, re.IGNORECASE) is not None
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9_])", stem, re.IGNORECASE) is not None
 
 
 def _from_hf_cache(ref: str) -> Path:
