@@ -48,7 +48,25 @@ def infr_side(path: Path, n_vocab_hint: int | None = None) -> dict:
     host_us = (time.perf_counter() - t0) / 20 * 1e6
     cpass.end()
     enc.finish()
+    # Where the GPU time goes: the decode step with every dispatch, then with
+    # the weight matmuls alone (the rest's cost is the difference).
+    from infr.gpu.runtime import Recording
+
+    def gpu_ms(rec: Recording, n: int = 32) -> float:
+        enc = be.dev.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        rec.encode(cp, times=n)
+        cp.end()
+        t0 = time.perf_counter()
+        be.dev.device.queue.submit([enc.finish()])
+        be.dev.device.queue.read_buffer(be.state, 0, 16)  # waits for the GPU
+        return (time.perf_counter() - t0) / n * 1e3
+
+    be.forward([1], 0)
+    gemv_only = Recording([d for d in step.dispatches if d.label.startswith(("gemv", "matmul"))])
+    split = {"step_ms": gpu_ms(step), "matmuls_only_ms": gpu_ms(gemv_only), "n_matmul_dispatches": len(gemv_only)}
     return {
+        "gpu_time_split": split,
         "backend": backend,
         "adapter": be.dev.name,
         "load_seconds": load_s,
