@@ -5,9 +5,7 @@
 // nibbles: values 64c + h .. +16 and 64c + 32 + h .. +16 of sub-blocks 2c and
 // 2c + 1, with c = (l % 8) / 2 and h = 16 * (l % 2). Rows are 16-byte aligned
 // (K % 256 == 0). Same Params and bindings as matmul.wgsl (w and x read as
-// vectors); dispatch (ceil(N_chunk / ROWS), T, 1). Each team computes RPT
-// rows at once, so the activation loads (8 vec4 per 16 weight bytes) are
-// shared by RPT rows: they, not the weights, limited the one-row version.
+// vectors); dispatch (ceil(N_chunk / ROWS), T, 1).
 
 struct Params {
     K: u32,
@@ -26,12 +24,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
-const ROWS: u32 = {{ROWS}}u;  // rows per workgroup
-const RPT: u32 = {{RPT}}u;  // rows per team
+const ROWS: u32 = {{ROWS}}u;
 const LANES: u32 = 32u;
-const WG: u32 = ROWS / RPT * LANES;
+const WG: u32 = ROWS * LANES;
 
-var<workgroup> partial: array<f32, WG * RPT>;
+var<workgroup> partial: array<f32, WG>;
 
 fn nib(q: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>((vec4<u32>(q) >> (vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(shift))) & vec4<u32>(0xFu));
@@ -47,33 +44,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let lane = tid % LANES;
-    let team = tid / LANES;
-    let r0 = wid.x * ROWS + team * RPT;
+    let r = wid.x * ROWS + tid / LANES;
     let part = lane % 8u;
     let c = part / 2u;
     let h = 16u * (part % 2u);
-    let i0 = 2u * c;
-    let i1 = i0 + 1u;
-    var acc: array<f32, RPT>;
-    let rvs = params.row_bytes / 16u;
-    let nb = params.K / 256u;
-    let xrow = wid.y * (params.x_stride / 4u);
-    for (var b = lane / 8u; b < nb; b += 4u) {
-        let xo = xrow + (b * 256u + 64u * c + h) / 4u;
-        let a0 = x[xo];
-        let a1 = x[xo + 1u];
-        let a2 = x[xo + 2u];
-        let a3 = x[xo + 3u];
-        let b0 = x[xo + 8u];
-        let b1 = x[xo + 9u];
-        let b2 = x[xo + 10u];
-        let b3 = x[xo + 11u];
-        let one = vec4<f32>(1.0);
-        let xa = dot(a0 + a1 + a2 + a3, one);
-        let xb = dot(b0 + b1 + b2 + b3, one);
-        for (var k = 0u; k < RPT; k++) {
-            let r = min(r0 + k, params.N - 1u);  // rows past N compute a copy, never stored
-            let bv = r * rvs + b * 9u;
+    var acc = 0.0;
+    if (r < params.N) {
+        let rv = r * (params.row_bytes / 16u);
+        let nb = params.K / 256u;
+        let xrow = wid.y * (params.x_stride / 4u);
+        for (var b = lane / 8u; b < nb; b += 4u) {
+            let bv = rv + b * 9u;
             let hd = w[bv];
             let dm = unpack2x16float(hd.x);
             // 6-bit scales and mins of sub-blocks 2c and 2c + 1 (k_scales layout)
@@ -81,31 +62,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let sc_hi = bytes6((hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2u) & 0x30303030u));
             let mn_lo = bytes6(hd.z & 0x3F3F3F3Fu);
             let mn_hi = bytes6(((hd.w >> 4u) & 0x0F0F0F0Fu) | ((hd.z >> 2u) & 0x30303030u));
+            let i0 = 2u * c;
+            let i1 = i0 + 1u;
             let sa = select(sc_lo[i0 & 3u], sc_hi[i0 & 3u], i0 >= 4u);
             let sb = select(sc_lo[i1 & 3u], sc_hi[i1 & 3u], i1 >= 4u);
             let ma = select(mn_lo[i0 & 3u], mn_hi[i0 & 3u], i0 >= 4u);
             let mb = select(mn_lo[i1 & 3u], mn_hi[i1 & 3u], i1 >= 4u);
             let q = w[bv + 1u + part];
+            let xo = xrow + (b * 256u + 64u * c + h) / 4u;
+            let a0 = x[xo];
+            let a1 = x[xo + 1u];
+            let a2 = x[xo + 2u];
+            let a3 = x[xo + 3u];
+            let b0 = x[xo + 8u];
+            let b1 = x[xo + 9u];
+            let b2 = x[xo + 10u];
+            let b3 = x[xo + 11u];
             let qa = dot(nib(q.x, 0u), a0) + dot(nib(q.y, 0u), a1) + dot(nib(q.z, 0u), a2) + dot(nib(q.w, 0u), a3);
             let qb = dot(nib(q.x, 4u), b0) + dot(nib(q.y, 4u), b1) + dot(nib(q.z, 4u), b2) + dot(nib(q.w, 4u), b3);
-            acc[k] += dm.x * (sa * qa + sb * qb) - dm.y * (ma * xa + mb * xb);
+            let one = vec4<f32>(1.0);
+            let xa = dot(a0 + a1 + a2 + a3, one);
+            let xb = dot(b0 + b1 + b2 + b3, one);
+            acc += dm.x * (sa * qa + sb * qb) - dm.y * (ma * xa + mb * xb);
         }
     }
-    for (var k = 0u; k < RPT; k++) {
-        partial[k * WG + tid] = acc[k];
-    }
+    partial[tid] = acc;
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
-            for (var k = 0u; k < RPT; k++) {
-                partial[k * WG + tid] += partial[k * WG + tid + s];
-            }
+            partial[tid] += partial[tid + s];
         }
         workgroupBarrier();
     }
-    if (lane < RPT && r0 + lane < params.N) {
-        let r = r0 + lane;
-        var v = partial[lane * WG + team * LANES];
+    if (lane == 0u && r < params.N) {
+        var v = partial[tid];
         if (params.has_bias != 0u) {
             v += bias[params.row0 + r];
         }
