@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from infr.gguf_file import GGUFFile
+
+if TYPE_CHECKING:
+    from infr.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,20 @@ def read_hparams(gf: GGUFFile) -> HParams:
         name=str(gf.get("general.name", gf.path.stem)),
         tied_embeddings=not gf.has_tensor("output.weight"),
     )
+
+
+def dense_model(gf: GGUFFile, hp: HParams, rope_style, **attention_flags) -> "ModelSpec":
+    """A model whose layers are all alike: GQA attention with RoPE, SwiGLU FFN
+    (llama, qwen2, qwen3 differ only in the rope style and attention flags)."""
+    from infr.models.spec import Activation, AttentionSpec, FFNSpec, LayerSpec, ModelSpec, RopeSpec
+
+    factors = "rope_freqs.weight" if gf.has_tensor("rope_freqs.weight") else None
+    rope = RopeSpec(rope_style, hp.rope_theta, hp.n_rot, hp.rope_freq_scale, freq_factors=factors)
+    attention = AttentionSpec(
+        hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.v_head_dim, rope, hp.default_scale,
+        qkv_bias=gf.has_tensor("blk.0.attn_q.bias"), **attention_flags,
+    )
+    ffn = FFNSpec(hp.n_ff, Activation.SILU)
+    layers = tuple(LayerSpec(i, attention, ffn) for i in range(hp.n_layers))
+    return ModelSpec(gf.arch, hp.name, hp.n_embd, hp.n_vocab, hp.n_ctx_train, hp.norm_eps, layers,
+                     hp.tied_embeddings)
