@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         run.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"(env {env})")
     run.add_argument("--raw", action="store_true", help="send MESSAGE as a plain prompt, print only the text")
     run.add_argument("--system", default=None, help="system message for chat")
+    run.add_argument("--device", type=int, default=None, help="GPU adapter number from `infr devices` (env INFR_DEVICE)")
     sub.add_parser("models", help="list the offline models infr can fetch by name")
     sub.add_parser("devices", help="list WebGPU adapters (pick one with INFR_DEVICE=N)")
     return p
@@ -82,6 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from infr.store import resolve
 
     opts = _options(args)
+    if args.device is not None:  # the device layer reads INFR_DEVICE; the flag wins
+        os.environ["INFR_DEVICE"] = str(args.device)
     model_ref, message = _split_model_and_message(args)
     if args.raw and message is None:
         raise InfrError("--raw needs a MESSAGE")
@@ -165,8 +168,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     from infr.gpu.device import describe_adapters
 
+    from infr.gpu.device import get_device
+
     for line in describe_adapters():
         print(line)
+    dev = get_device()
+    print(f"default: {dev.name}; subgroup size {dev.subgroup_size}; "
+          f"storage binding {dev.max_binding >> 20} MiB")
     return 0
 
 

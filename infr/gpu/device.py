@@ -55,6 +55,13 @@ class Device:
     def has(self, feature: str) -> bool:
         return feature in self.features
 
+    @property
+    def subgroup_size(self) -> int | None:
+        """Probed once with a kernel (None without the `subgroup` feature)."""
+        if not hasattr(self, "_subgroup_size"):
+            self._subgroup_size = _probe_subgroup_size(self) if self.has("subgroup") else None
+        return self._subgroup_size
+
 
 def list_adapters() -> list:
     try:
@@ -86,6 +93,18 @@ def get_device(index: int | None = None) -> Device:
     limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
     device = adapter.request_device_sync(required_features=features, required_limits=limits)
     return Device(device, adapter, dict(adapter.info), frozenset(features), limits)
+
+
+def _probe_subgroup_size(dev: Device) -> int:
+    import numpy as np
+
+    from infr.gpu.runtime import Dispatch, Kernels, read, run, storage
+
+    kern = Kernels(dev)
+    pipe = kern.pipeline("subgroup_probe")
+    out = storage(dev, 16, label="subgroup_size")
+    run(dev, [Dispatch(pipe, kern.bind(pipe, [out]), (1, 1, 1))])
+    return int(read(dev, out, np.uint32)[0])
 
 
 def describe_adapters() -> list[str]:
