@@ -159,10 +159,14 @@ def main() -> None:
 
         n_vocab = open_gguf(path).tensor("token_embd.weight").shape[0]
         entry = {"file": path.name, "synth_seconds": gen_s}
-        try:
-            entry["infr"] = infr_side(path)
-        except Exception as e:  # report and go on to llama.cpp
-            entry["infr"] = {"error": repr(e)}
+        # COMPARE_LANES="32,64" also measures GEMV variants (INFR_GEMV_LANES); the first is "infr".
+        for i, lanes in enumerate(os.environ.get("COMPARE_LANES", "32").split(",")):
+            os.environ["INFR_GEMV_LANES"] = lanes
+            key = "infr" if i == 0 else f"infr_lanes{lanes}"
+            try:
+                entry[key] = infr_side(path)
+            except Exception as e:  # report and go on to llama.cpp
+                entry[key] = {"error": repr(e)}
         print(json.dumps({ref: entry}, indent=1), flush=True)
         try:
             entry["llama_server"] = llama_side(path, n_vocab)

@@ -1,6 +1,6 @@
 // Q4_K matrix times activations, with 16-byte loads. A Q4_K block is 144 bytes
 // = 9 vec4<u32>: [d|dmin, scales0, scales1, scales2] then 8 of nibbles. A team
-// of 32 invocations covers 4 blocks per step: lane l reads nibble vec4 l % 8
+// of LANES invocations covers LANES / 8 blocks per step: lane l reads nibble vec4 l % 8
 // of block l / 8 (so a team's loads are contiguous), i.e. 16 low and 16 high
 // nibbles: values 64c + h .. +16 and 64c + 32 + h .. +16 of sub-blocks 2c and
 // 2c + 1, with c = (l % 8) / 2 and h = 16 * (l % 2). Rows are 16-byte aligned
@@ -25,7 +25,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 const ROWS: u32 = {{ROWS}}u;
-const LANES: u32 = 32u;
+const LANES: u32 = {{LANES}}u;  // per row: 32 covers 4 blocks a step, 64 covers 8
 const WG: u32 = ROWS * LANES;
 
 var<workgroup> partial: array<f32, WG>;
@@ -53,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let rv = r * (params.row_bytes / 16u);
         let nb = params.K / 256u;
         let xrow = wid.y * (params.x_stride / 4u);
-        for (var b = lane / 8u; b < nb; b += 4u) {
+        for (var b = lane / 8u; b < nb; b += LANES / 8u) {
             let bv = rv + b * 9u;
             let hd = w[bv];
             let dm = unpack2x16float(hd.x);

@@ -78,7 +78,17 @@ def row_bytes(qtype, K: int) -> int:
 
 # Types with a coalesced kernel (wgsl/gemv_TYPE.wgsl) -> the K multiple it needs.
 _COALESCED = {Q.Q4_K: 256}
-COALESCED_ROWS = 8  # per workgroup; two rows per 32-lane team measured slower on the H200
+COALESCED_THREADS = 256  # per workgroup; two rows per 32-lane team measured slower on the H200
+
+
+def coalesced_lanes() -> int:
+    """Invocations per row (INFR_GEMV_LANES, 32 or 64): more lanes, more loads in flight."""
+    import os
+
+    lanes = int(os.environ.get("INFR_GEMV_LANES", "32"))
+    if lanes not in (32, 64):
+        raise ValueError(f"INFR_GEMV_LANES must be 32 or 64, got {lanes}")
+    return lanes
 
 
 def rows_per_workgroup(qtype) -> int:
@@ -186,8 +196,9 @@ def matmul_dispatches(
     pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
     label = f"matmul_{wgsl_name(q)}"
     if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of 32 lanes reads each block together
-        rows_wg = COALESCED_ROWS
-        pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", ROWS=rows_wg)
+        lanes = coalesced_lanes()
+        rows_wg = COALESCED_THREADS // lanes
+        pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", ROWS=rows_wg, LANES=lanes)
         label = f"gemv_{wgsl_name(q)}"
     b = bias if bias is not None else _no_bias(kernels)
     out = []
