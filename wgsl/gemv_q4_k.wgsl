@@ -16,6 +16,7 @@ struct Params {
     y_stride: u32,
     has_bias: u32,
     T: u32,
+    has_resid: u32,  // y += resid (same layout as y): the residual add, fused
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -23,6 +24,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> resid: array<f32>;
 
 const ROWS: u32 = {{ROWS}}u;
 const LANES: u32 = {{LANES}}u;  // per row: 32 covers 4 blocks a step, 64 covers 8
@@ -99,6 +101,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (params.has_bias != 0u) {
             v += bias[params.row0 + r];
         }
-        y[wid.y * params.y_stride + params.row0 + r] = v;
+        let yi = wid.y * params.y_stride + params.row0 + r;
+        if (params.has_resid != 0u) {
+            v += resid[yi];
+        }
+        y[yi] = v;
     }
 }

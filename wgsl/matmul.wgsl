@@ -18,6 +18,7 @@ struct Params {
     y_stride: u32,
     has_bias: u32,
     T: u32,
+    has_resid: u32,  // y += resid (same layout as y): the residual add, fused
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -25,6 +26,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> resid: array<f32>;
 
 // #include quant_common
 // #include quant_{{QTYPE}}
@@ -65,6 +67,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (params.has_bias != 0u) {
             v += bias[params.row0 + r];
         }
-        y[wid.y * params.y_stride + params.row0 + r] = v;
+        let yi = wid.y * params.y_stride + params.row0 + r;
+        if (params.has_resid != 0u) {
+            v += resid[yi];
+        }
+        y[yi] = v;
     }
 }

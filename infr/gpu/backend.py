@@ -167,8 +167,16 @@ class GPUBackend:
             return self._graphs[key][:3]
         lower = _Lowering(self, T)
         body = []
-        for op in self.plan.embed + self.plan.layers:
-            body += lower.op(op)
+        ops = list(self.plan.embed + self.plan.layers)
+        i = 0
+        while i < len(ops):
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if _is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
+                body += lower.matmul_residual(ops[i], nxt)
+                i += 2
+            else:
+                body += lower.op(ops[i])
+                i += 1
         x_buf = lower.current("x")
         head = []
         if n_logits:
@@ -216,6 +224,15 @@ class _Lowering:
                 pair.append(self.be._activation(name, 1))
         return pair[self.phys[name]]
 
+    def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
+        be = self.be
+        x = self.current(mm.src)
+        resid = self.current(add.dst)
+        y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
+        bias = be.weights[mm.bias][0] if mm.bias else None
+        t = be.gf.tensor(mm.weight)
+        return KM.matmul_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
+
     def op(self, op) -> list[Dispatch]:
         be, T = self.be, self.rows
         w = be.widths
@@ -262,6 +279,15 @@ class _Lowering:
         if isinstance(op, Softcap):
             return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
         raise NotImplementedError(type(op).__name__)
+
+
+def _is_residual(op, nxt) -> bool:
+    """MatMul(o) then Add(x, x, o): the plan's residual adds. The matmul's own
+    output is read by that Add alone (the plan builder writes it so)."""
+    return (
+        isinstance(op, MatMul) and isinstance(nxt, Add) and nxt.dst != op.dst
+        and {nxt.a, nxt.b} == {nxt.dst, op.dst}
+    )
 
 
 def _encode(enc, dispatches: list[Dispatch]) -> None:

@@ -106,13 +106,14 @@ def _pack(fields: list[tuple[str, str, object]]) -> np.ndarray:
 
 
 def params_matmul(
-    K: int, N: int, row0: int, row_bytes: int, x_stride: int, y_stride: int, has_bias: bool, T: int
+    K: int, N: int, row0: int, row_bytes: int, x_stride: int, y_stride: int, has_bias: bool, T: int,
+    has_resid: bool = False,
 ) -> np.ndarray:
     """matmul.wgsl Params; N is the chunk's row count, row0 its first global row."""
     return _pack([
         ("K", "u32", K), ("N", "u32", N), ("row0", "u32", row0), ("row_bytes", "u32", row_bytes),
         ("x_stride", "u32", x_stride), ("y_stride", "u32", y_stride), ("has_bias", "u32", int(has_bias)),
-        ("T", "u32", T),
+        ("T", "u32", T), ("has_resid", "u32", int(has_resid)),
     ])
 
 
@@ -173,14 +174,15 @@ def _weight_shape(w, dims: tuple) -> tuple[Q, tuple]:
 
 def matmul_dispatches(
     kernels: Kernels, w, chunks, x, y, bias, *dims: int,
-    x_stride: int | None = None, y_stride: int | None = None, wg: int = MATMUL_WG,
+    x_stride: int | None = None, y_stride: int | None = None, wg: int = MATMUL_WG, resid=None,
 ) -> list[Dispatch]:
     """Dispatches for y[t] = W @ x[t] (+ bias), one per weight chunk.
 
     `matmul_dispatches(kernels, tensor, chunks, x, y, bias, T)` or
     `matmul_dispatches(kernels, qtype, chunks, x, y, bias, K, N, T)`; `chunks`
-    is upload_weight's list, `bias` a buffer of N floats or None. Strides are
-    in floats and default to K (x) and N (y).
+    is upload_weight's list, `bias` a buffer of N floats or None, `resid` a
+    buffer laid out like y added in the epilogue (a fused residual add; it
+    must not be y itself). Strides are in floats and default to K (x) and N (y).
     """
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
@@ -203,10 +205,11 @@ def matmul_dispatches(
     b = bias if bias is not None else _no_bias(kernels)
     out = []
     for buf, row0, rows in chunks:
-        data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T)
+        data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), T, 1)
-        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b]), groups, label))
+        r = resid if resid is not None else _no_bias(kernels)
+        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b, r]), groups, label))
     return out
 
 
