@@ -37,7 +37,6 @@ class CPUBackend:
             a = layer.attention
             self.k_cache[layer.index] = np.zeros((n_ctx, a.n_kv_heads, a.head_dim), np.float16)
             self.v_cache[layer.index] = np.zeros((n_ctx, a.n_kv_heads, a.v_head_dim), np.float16)
-        self._freq_factors: dict[str, np.ndarray] = {}
 
     def forward(self, tokens: list[int] | np.ndarray, start: int, n_logits: int = 1) -> np.ndarray:
         """Run tokens at positions start..; logits [n_logits, vocab] of the last rows."""

@@ -152,7 +152,7 @@ class GPUBackend:
             argmax = KS.argmax_dispatch(self.kern, logits, self.ids, self.plan.spec.n_vocab)
             pipe = self.kern.pipeline("step", "main")
             advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
-            self._step = Recording(body + head + [argmax, advance])
+            self._step = Recording(body.dispatches + head.dispatches + [argmax, advance])
         return self._step
 
     def _logits_buffer(self, T: int, n_logits: int):
@@ -186,6 +186,7 @@ class GPUBackend:
             for op in self.plan.head:
                 head += lower.op(op)
         logits = lower.current("logits") if n_logits else None
+        body, head = Recording(body), Recording(head)  # prepared once, re-encoded every call
         self._graphs[key] = (body, head, x_buf, logits)
         while len(self._graphs) > SHAPE_CACHE:
             self._graphs.popitem(last=False)
@@ -290,9 +291,9 @@ def _is_residual(op, nxt) -> bool:
     )
 
 
-def _encode(enc, dispatches: list[Dispatch]) -> None:
+def _encode(enc, recording: Recording) -> None:
     cp = enc.begin_compute_pass()
-    Recording(dispatches).encode(cp)
+    recording.encode(cp)
     cp.end()
 
 

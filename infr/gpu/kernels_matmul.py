@@ -195,13 +195,14 @@ def matmul_dispatches(
     if sum(rows for _, _, rows in chunks) != N:
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
-    pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
-    label = f"matmul_{wgsl_name(q)}"
-    if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of 32 lanes reads each block together
+    if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of lanes reads each block together
         lanes = coalesced_lanes()
         rows_wg = COALESCED_THREADS // lanes
         pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", ROWS=rows_wg, LANES=lanes)
         label = f"gemv_{wgsl_name(q)}"
+    else:
+        pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
+        label = f"matmul_{wgsl_name(q)}"
     b = bias if bias is not None else _no_bias(kernels)
     out = []
     for buf, row0, rows in chunks:
