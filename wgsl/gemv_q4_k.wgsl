@@ -4,27 +4,14 @@
 // of block l / 8 (so a team's loads are contiguous), i.e. 16 low and 16 high
 // nibbles: values 64c + h .. +16 and 64c + 32 + h .. +16 of sub-blocks 2c and
 // 2c + 1, with c = (l % 8) / 2 and h = 16 * (l % 2). Rows are 16-byte aligned
-// (K % 256 == 0). Same Params and bindings as matmul.wgsl (w and x read as
+// (K % 256 == 0). Params, output bindings and the row epilogue come from
+// matmul_common.wgsl, as for matmul.wgsl (w and x read here as
 // vectors); dispatch (ceil(N_chunk / ROWS), T, 1).
 
-struct Params {
-    K: u32,
-    N: u32,
-    row0: u32,
-    row_bytes: u32,
-    x_stride: u32,
-    y_stride: u32,
-    has_bias: u32,
-    T: u32,
-    has_resid: u32,  // y += resid (same layout as y): the residual add, fused
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> resid: array<f32>;
+
+// #include matmul_common
 
 const ROWS: u32 = {{ROWS}}u;
 const LANES: u32 = {{LANES}}u;  // per row: 32 covers 4 blocks a step, 64 covers 8
@@ -88,23 +75,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             acc += dm.x * (sa * qa + sb * qb) - dm.y * (ma * xa + mb * xb);
         }
     }
-    partial[tid] = acc;
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            partial[tid] += partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && r < params.N) {
-        var v = partial[tid];
-        if (params.has_bias != 0u) {
-            v += bias[params.row0 + r];
-        }
-        let yi = wid.y * params.y_stride + params.row0 + r;
-        if (params.has_resid != 0u) {
-            v += resid[yi];
-        }
-        y[yi] = v;
-    }
+    finish_row(tid, lane, LANES, r, wid.y, acc);
 }

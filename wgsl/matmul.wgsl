@@ -9,24 +9,10 @@
 // Splitting the workgroup across rows keeps threads busy when rows are only a
 // few blocks long (K = 1024 is four Q4_K blocks).
 
-struct Params {
-    K: u32,
-    N: u32,          // rows in this chunk
-    row0: u32,       // global index of the chunk's first row
-    row_bytes: u32,
-    x_stride: u32,
-    y_stride: u32,
-    has_bias: u32,
-    T: u32,
-    has_resid: u32,  // y += resid (same layout as y): the residual add, fused
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> resid: array<f32>;
+
+// #include matmul_common
 
 // #include quant_common
 // #include quant_{{QTYPE}}
@@ -54,23 +40,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             acc += block_dot(rb + b * BLOCK_BYTES, xo + b * QK);
         }
     }
-    partial[tid] = acc;
-    workgroupBarrier();
-    for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            partial[tid] += partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && r < params.N) {
-        var v = partial[tid];
-        if (params.has_bias != 0u) {
-            v += bias[params.row0 + r];
-        }
-        let yi = wid.y * params.y_stride + params.row0 + r;
-        if (params.has_resid != 0u) {
-            v += resid[yi];
-        }
-        y[yi] = v;
-    }
+    finish_row(tid, lane, TEAM, r, wid.y, acc);
 }

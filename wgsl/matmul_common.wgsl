@@ -1,0 +1,46 @@
+// What every weight-matmul kernel shares: its Params, the output-side
+// bindings, and the end of a row: the team's partial sums reduced in shared
+// memory, then bias, the fused residual add and the store. The including
+// kernel declares `w` (binding 1), `x` (binding 2) and
+// `partial: array<f32, WG>` in workgroup memory.
+
+struct Params {
+    K: u32,
+    N: u32,          // rows in this chunk
+    row0: u32,       // global index of the chunk's first row
+    row_bytes: u32,
+    x_stride: u32,
+    y_stride: u32,
+    has_bias: u32,
+    T: u32,
+    has_resid: u32,  // y += resid (same layout as y): the residual add, fused
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> resid: array<f32>;
+
+// Called by every invocation, in uniform control flow (it holds barriers):
+// `team` invocations (a power of two) hold the partial sums of row r, token t.
+fn finish_row(tid: u32, lane: u32, team: u32, r: u32, t: u32, acc: f32) {
+    partial[tid] = acc;
+    workgroupBarrier();
+    for (var s = team / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            partial[tid] += partial[tid + s];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && r < params.N) {
+        var v = partial[tid];
+        if (params.has_bias != 0u) {
+            v += bias[params.row0 + r];
+        }
+        let yi = t * params.y_stride + params.row0 + r;
+        if (params.has_resid != 0u) {
+            v += resid[yi];
+        }
+        y[yi] = v;
+    }
+}
