@@ -1,49 +1,82 @@
 // Index of the largest of x[0..n) into out[0]; ties go to the lowest index,
-// as numpy's argmax. One workgroup: dispatch (1, 1, 1).
+// as numpy's argmax. Two dispatches: `partial` with one workgroup per slice of
+// `per` values, dispatch (parts, 1, 1), writes each slice's (value, index) to
+// `best`; `merge` with one workgroup reduces the parts. One workgroup alone
+// walks a 128k vocabulary in ~180 µs on an H200; split, both take a few.
 
 struct Params {
     n: u32,
+    per: u32,    // values per slice (partial)
+    parts: u32,  // slices (final)
 }
 
 const WG: u32 = 256u;
+const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<storage, read_write> best: array<vec2<u32>>;  // (value bits, index) per slice
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 
+// Does (ov, oi) beat (mv, mi)? An empty slot (index NONE) never wins; equal values keep the lower index.
+fn beats(ov: f32, oi: u32, mv: f32, mi: u32) -> bool {
+    return oi != NONE && (mi == NONE || ov > mv || (ov == mv && oi < mi));
+}
+
+// Merge the workgroup's candidates; the winner ends in slot 0.
+fn reduce(tid: u32) {
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride && beats(best_v[tid + stride], best_i[tid + stride], best_v[tid], best_i[tid])) {
+            best_v[tid] = best_v[tid + stride];
+            best_i[tid] = best_i[tid + stride];
+        }
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) tid: u32) {
+fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    _ = out[0];  // both entry points use every binding: one bind group layout serves both
+    let lo = wid.x * params.per;
+    let hi = min(params.n, lo + params.per);
     var bv = -3.4028235e38;
-    var bi = 0xffffffffu;
-    // Each invocation scans a strided slice in increasing index order, so a
-    // strict > keeps its first maximum.
-    for (var i = tid; i < params.n; i += WG) {
+    var bi = NONE;
+    // Increasing index order within an invocation, so a strict > keeps its first maximum.
+    for (var i = lo + tid; i < hi; i += WG) {
         let v = x[i];
-        if (v > bv || bi == 0xffffffffu) {
+        if (v > bv || bi == NONE) {
             bv = v;
             bi = i;
         }
     }
     best_v[tid] = bv;
     best_i[tid] = bi;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            let ov = best_v[tid + stride];
-            let oi = best_i[tid + stride];
-            let mv = best_v[tid];
-            let mi = best_i[tid];
-            // An empty slot (index 0xffffffff) never wins; equal values keep the lower index.
-            if (oi != 0xffffffffu && (mi == 0xffffffffu || ov > mv || (ov == mv && oi < mi))) {
-                best_v[tid] = ov;
-                best_i[tid] = oi;
-            }
-        }
-        workgroupBarrier();
+    reduce(tid);
+    if (tid == 0u) {
+        best[wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
     }
+}
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(local_invocation_index) tid: u32) {
+    _ = x[0];
+    var bv = -3.4028235e38;
+    var bi = NONE;
+    for (var p = tid; p < params.parts; p += WG) {
+        let c = best[p];
+        let v = bitcast<f32>(c.x);
+        if (beats(v, c.y, bv, bi)) {
+            bv = v;
+            bi = c.y;
+        }
+    }
+    best_v[tid] = bv;
+    best_i[tid] = bi;
+    reduce(tid);
     if (tid == 0u) {
         out[0] = best_i[0];
     }

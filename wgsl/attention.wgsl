@@ -10,7 +10,14 @@
 // over the keys: pass 1 keeps a running (max, sum) per invocation (online
 // softmax, merged through shared memory), pass 2 recomputes each score and
 // accumulates f16(p) * v a tile of WG keys at a time. Nothing is stored per
-// key, so any context length works; the price is reading K twice.
+// key, so any context length works; the price is reading K twice (from L2).
+//
+// Decode has one query per head, so the keys are spread over the whole
+// workgroup in both passes: in pass 1 each invocation scores its own keys with
+// 16-byte loads; in pass 2 the workgroup splits into G = WG / (v_head_dim / 4)
+// groups, each summing every G-th key of the tile for 4 dims per invocation,
+// and the groups' sums are added at the end. head_dim % 8 == 0 and
+// v_head_dim % 4 == 0 (the host checks).
 
 struct Params {
     n_heads: u32,
@@ -22,22 +29,22 @@ struct Params {
     softcap: f32,  // 0 = none
 }
 
-const WG: u32 = 64u;
+const WG: u32 = 256u;
 const MAX_D: u32 = 512u;            // head_dim and v_head_dim bound (the host checks)
-const ACC: u32 = MAX_D / 2u / WG;   // V words (2 dims) each invocation accumulates
 const NEG_BIG: f32 = -3.0e38;       // finite "minus infinity": no inf - inf anywhere
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<u32>;
-@group(0) @binding(3) var<storage, read> vcache: array<u32>;
+@group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vcache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> state: array<u32>;
 
-var<workgroup> qs: array<f32, MAX_D>;
+var<workgroup> qs: array<vec4<f32>, MAX_D / 4u>;
 var<workgroup> red_m: array<f32, WG>;
 var<workgroup> red_l: array<f32, WG>;
 var<workgroup> probs: array<f32, WG>;
+var<workgroup> red_v: array<vec4<f32>, WG>;
 
 fn f16_round(v: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
@@ -47,20 +54,26 @@ fn tanh_safe(v: f32) -> f32 {
     return tanh(clamp(v, -9.0, 9.0));
 }
 
+fn halves(w: u32) -> vec2<f32> {
+    return unpack2x16float(w);
+}
+
 // Scaled (and soft-capped) q . k for the key at position j of kv head kvh.
 fn score(j: u32, kvh: u32) -> f32 {
-    let kw = params.head_dim / 2u;
-    let base = (j * params.kv_heads + kvh) * kw;
-    var s = 0.0;
-    for (var w = 0u; w < kw; w++) {
-        let kv = unpack2x16float(kcache[base + w]);
-        s += qs[2u * w] * kv.x + qs[2u * w + 1u] * kv.y;
+    let n8 = params.head_dim / 8u;
+    let base = (j * params.kv_heads + kvh) * n8;
+    var s = vec4<f32>(0.0);
+    for (var i = 0u; i < n8; i++) {
+        let k = kcache[base + i];
+        let lo = vec4<f32>(halves(k.x), halves(k.y));
+        let hi = vec4<f32>(halves(k.z), halves(k.w));
+        s += qs[2u * i] * lo + qs[2u * i + 1u] * hi;
     }
-    s *= params.scale;
+    var r = (s.x + s.y + s.z + s.w) * params.scale;
     if (params.softcap > 0.0) {
-        s = tanh_safe(s / params.softcap) * params.softcap;
+        r = tanh_safe(r / params.softcap) * params.softcap;
     }
-    return s;
+    return r;
 }
 
 @compute @workgroup_size(WG)
@@ -76,8 +89,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hi = pos + 1u;
 
     let qbase = (t * params.n_heads + h) * params.head_dim;
-    for (var d = tid; d < params.head_dim; d += WG) {
-        qs[d] = f16_round(q[qbase + d]);
+    for (var d = tid; d < params.head_dim / 4u; d += WG) {
+        let b = qbase + 4u * d;
+        qs[d] = vec4<f32>(f16_round(q[b]), f16_round(q[b + 1u]), f16_round(q[b + 2u]), f16_round(q[b + 3u]));
     }
     workgroupBarrier();
 
@@ -107,11 +121,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let l_all = red_l[0];
 
     // Pass 2: p = f16(exp(s - max) / sum), out = sum_j p_j * v_j.
-    let vw = params.v_head_dim / 2u;
-    var acc: array<vec2<f32>, ACC>;
-    for (var c = 0u; c < ACC; c++) {
-        acc[c] = vec2<f32>(0.0, 0.0);
-    }
+    let lanes = params.v_head_dim / 4u;  // invocations per key: 4 dims (one vec2<u32>) each
+    let groups = WG / lanes;
+    let lane = tid % lanes;
+    let grp = tid / lanes;
+    var acc = vec4<f32>(0.0);
     for (var b = lo; b < hi; b += WG) {
         let j = b + tid;
         var p = 0.0;
@@ -120,25 +134,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         probs[tid] = p;
         workgroupBarrier();
-        let n = min(WG, hi - b);
-        for (var jj = 0u; jj < n; jj++) {
-            let pj = probs[jj];
-            let vbase = ((b + jj) * params.kv_heads + kvh) * vw;
-            for (var c = 0u; c < ACC; c++) {
-                let w = tid + c * WG;
-                if (w < vw) {
-                    acc[c] += pj * unpack2x16float(vcache[vbase + w]);
-                }
+        if (grp < groups) {
+            let n = min(WG, hi - b);
+            var jj = grp;
+            // Two keys per step: both loads issue before either is used.
+            for (; jj + groups < n; jj += 2u * groups) {
+                let v0 = vcache[((b + jj) * params.kv_heads + kvh) * lanes + lane];
+                let v1 = vcache[((b + jj + groups) * params.kv_heads + kvh) * lanes + lane];
+                acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
+                acc += probs[jj + groups] * vec4<f32>(halves(v1.x), halves(v1.y));
+            }
+            if (jj < n) {
+                let v0 = vcache[((b + jj) * params.kv_heads + kvh) * lanes + lane];
+                acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
             }
         }
         workgroupBarrier();
     }
-    let obase = (t * params.n_heads + h) * params.v_head_dim;
-    for (var c = 0u; c < ACC; c++) {
-        let w = tid + c * WG;
-        if (w < vw) {
-            out[obase + 2u * w] = acc[c].x;
-            out[obase + 2u * w + 1u] = acc[c].y;
+    red_v[tid] = acc;
+    workgroupBarrier();
+    if (tid < lanes) {
+        var sum = red_v[tid];
+        for (var g = 1u; g < groups; g++) {
+            sum += red_v[g * lanes + tid];
         }
+        let o = (t * params.n_heads + h) * params.v_head_dim + 4u * tid;
+        out[o] = sum.x;
+        out[o + 1u] = sum.y;
+        out[o + 2u] = sum.z;
+        out[o + 3u] = sum.w;
     }
 }

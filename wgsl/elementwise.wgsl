@@ -11,7 +11,8 @@ struct Params {
 }
 
 const WG: u32 = 256u;
-const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
+
+// #include activations
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;  // g for the gated entries
@@ -24,21 +25,13 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
 
-// tanh saturates to +-1 in f32 beyond |x| = 9; clamping keeps drivers whose
-// tanh is (e^2x - 1) / (e^2x + 1) away from inf / inf.
-fn tanh_safe(x: f32) -> f32 {
-    return tanh(clamp(x, -9.0, 9.0));
-}
-
 @compute @workgroup_size(WG)
 fn gated_silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= params.n) {
         return;
     }
-    let g = a[i];
-    // exp(-g) overflows to inf for g < -88: g / inf = -0, the right limit.
-    y[i] = g / (1.0 + exp(-g)) * b[i];
+    y[i] = silu(a[i]) * b[i];
 }
 
 @compute @workgroup_size(WG)
@@ -47,9 +40,7 @@ fn gated_gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     if (i >= params.n) {
         return;
     }
-    let g = a[i];
-    // tanh approximation, as gemma and llama.cpp use.
-    y[i] = 0.5 * g * (1.0 + tanh_safe(GELU_C * (g + 0.044715 * g * g * g))) * b[i];
+    y[i] = gelu(a[i]) * b[i];
 }
 
 @compute @workgroup_size(WG)

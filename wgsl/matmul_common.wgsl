@@ -14,6 +14,8 @@ struct Params {
     has_bias: u32,
     T: u32,
     has_resid: u32,  // y += resid (same layout as y): the residual add, fused
+    split1: u32,     // fused q|k|v GEMV (gemv kernels): rows [0, split1) go to y,
+    split2: u32,     // [split1, split2) to y2, [split2, N) to y3; 0 = one output
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -33,14 +35,19 @@ fn finish_row(tid: u32, lane: u32, team: u32, r: u32, t: u32, acc: f32) {
         workgroupBarrier();
     }
     if (lane == 0u && r < params.N) {
-        var v = partial[tid];
-        if (params.has_bias != 0u) {
-            v += bias[params.row0 + r];
-        }
-        let yi = t * params.y_stride + params.row0 + r;
-        if (params.has_resid != 0u) {
-            v += resid[yi];
-        }
-        y[yi] = v;
+        store_row(r, t, partial[tid]);
     }
+}
+
+// The row epilogue: bias, the fused residual add, the store.
+fn store_row(r: u32, t: u32, acc: f32) {
+    var v = acc;
+    if (params.has_bias != 0u) {
+        v += bias[params.row0 + r];
+    }
+    let yi = t * params.y_stride + params.row0 + r;
+    if (params.has_resid != 0u) {
+        v += resid[yi];
+    }
+    y[yi] = v;
 }

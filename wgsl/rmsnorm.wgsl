@@ -25,11 +25,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let base = wid.y * params.width + wid.x * params.group;
-    var s = 0.0;
-    for (var i = tid; i < params.group; i += WG) {
-        let v = x[base + i];
-        s += v * v;
+    // Four independent loads per step: a plain strided loop waits on each load in turn.
+    var s4 = vec4<f32>(0.0);
+    var i = tid;
+    for (; i + 3u * WG < params.group; i += 4u * WG) {
+        let v = vec4<f32>(x[base + i], x[base + i + WG], x[base + i + 2u * WG], x[base + i + 3u * WG]);
+        s4 += v * v;
     }
+    for (; i < params.group; i += WG) {
+        let v = x[base + i];
+        s4.x += v * v;
+    }
+    let s = (s4.x + s4.y) + (s4.z + s4.w);
     partial[tid] = s;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
@@ -40,7 +47,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     // Same expression shape as the reference: x * (1 / sqrt(ms + eps)) * g.
     let inv = 1.0 / sqrt(partial[0] / f32(params.group) + params.eps);
-    for (var i = tid; i < params.group; i += WG) {
-        y[base + i] = x[base + i] * inv * g[i];
+    var k = tid;
+    for (; k + 3u * WG < params.group; k += 4u * WG) {
+        let v = vec4<f32>(x[base + k], x[base + k + WG], x[base + k + 2u * WG], x[base + k + 3u * WG]);
+        let gg = vec4<f32>(g[k], g[k + WG], g[k + 2u * WG], g[k + 3u * WG]);
+        let o = v * inv * gg;
+        y[base + k] = o.x;
+        y[base + k + WG] = o.y;
+        y[base + k + 2u * WG] = o.z;
+        y[base + k + 3u * WG] = o.w;
+    }
+    for (; k < params.group; k += WG) {
+        y[base + k] = x[base + k] * inv * g[k];
     }
 }

@@ -22,6 +22,7 @@ from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import profile
 from infr.gpu.device import Device, get_device
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
@@ -42,13 +43,29 @@ class GPUBackend:
 
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         self.dev = dev or get_device()
+        profile.install_from_env()
         self.kern = kernels or _shared_kernels(self.dev)
         spec = plan.spec
         for name in plan.weights():
             check_supported(gf.tensor(name))
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
         self.vram = 0
+        # Matmuls sharing their input (q, k, v) run as one GEMV over their rows stacked at upload.
+        self.stacks = _find_stacks(plan, gf, self.dev.max_binding)
+        stacked = {name for names in self.stacks for name in names}
+        for names in self.stacks:
+            tensors = [gf.tensor(n) for n in names]
+            self.weights[names] = KM.upload_stacked(self.dev, tensors, label="+".join(names))
+            self.vram += sum(t.nbytes for t in tensors)
+        self.stack_bias = {}
+        for names, biases in self.stacks.items():
+            if any(biases):
+                parts = [np.asarray(gf.tensor(b).raw, np.float32) if b else np.zeros(gf.tensor(n).shape[0], np.float32)
+                         for n, b in zip(names, biases)]
+                self.stack_bias[names] = storage(self.dev, np.concatenate(parts), label="stacked bias")
         for name in plan.weights():
+            if name in stacked:
+                continue
             t = gf.tensor(name)
             if len(t.shape) == 2:
                 self.weights[name] = KM.upload_weight(self.dev, t)
@@ -106,19 +123,26 @@ class GPUBackend:
         q.write_buffer(self.ids, 0, ids)
         q.write_buffer(self.state, 0, KS.pack_state(start, T))
         body, head, x_buf = self._graph(T, n_logits)
-        enc = self.dev.device.create_command_encoder()
-        _encode(enc, body)
-        if n_logits:
-            if n_logits != T:  # the head runs on the last rows only
-                width = self.plan.spec.n_embd * 4
-                enc.copy_buffer_to_buffer(x_buf, (T - n_logits) * width, self.tail, 0, n_logits * width)
-            _encode(enc, head)
-        q.submit([enc.finish()])
+        timer = profile.timer_for(self.dev)
+        if timer is not None and len(body) + len(head) + 2 > timer.room:
+            timer = None  # too many dispatches for one query set: this call goes untimed
+        with profile.HostClock(timer, "encode"):
+            enc = self.dev.device.create_command_encoder()
+            _encode(enc, body, timer)
+            if n_logits:
+                if n_logits != T:  # the head runs on the last rows only
+                    width = self.plan.spec.n_embd * 4
+                    enc.copy_buffer_to_buffer(x_buf, (T - n_logits) * width, self.tail, 0, n_logits * width)
+                _encode(enc, head, timer)
+            cmd = profile.finish_encoder(enc, timer, T)
+        with profile.HostClock(timer, "submit"):
+            q.submit([cmd])
         if not n_logits:
             return np.zeros((0, self.plan.spec.n_vocab), np.float32)
         vocab = self.plan.spec.n_vocab
         logits_buf = self._logits_buffer(T, n_logits)
-        raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
+        with profile.HostClock(timer, "wait"):
+            raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()
 
     def decode_greedy(self, token: int, start: int, n: int, per_submit: int = TOKENS_PER_SUBMIT) -> list[int]:
@@ -134,25 +158,35 @@ class GPUBackend:
         q.write_buffer(self.ids, 0, np.array([token], np.uint32))
         q.write_buffer(self.state, 0, KS.pack_state(start, 1))
         step = self._decode_step()
+        timer = profile.timer_for(self.dev)
+        if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
+            per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // len(step)))
+            if len(step) + 1 > profile.CAPACITY:
+                timer = None
         done = 0
         while done < n:
             k = min(per_submit, n - done)
-            enc = self.dev.device.create_command_encoder()
-            cpass = enc.begin_compute_pass()
-            step.encode(cpass, times=k)
-            cpass.end()
-            q.submit([enc.finish()])
+            with profile.HostClock(timer, "encode"):
+                enc = self.dev.device.create_command_encoder()
+                cpass = enc.begin_compute_pass()
+                step.encode(cpass, times=k, timer=timer)
+                cpass.end()
+                cmd = profile.finish_encoder(enc, timer, k)
+            with profile.HostClock(timer, "submit"):
+                q.submit([cmd])
             done += k
-        return np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
+        with profile.HostClock(timer, "wait"):
+            out = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
+        return out
 
     def _decode_step(self) -> Recording:
         if not hasattr(self, "_step"):
             body, head, _ = self._graph(1, 1)
             logits = self._graphs[(1, 1)][3]
-            argmax = KS.argmax_dispatch(self.kern, logits, self.ids, self.plan.spec.n_vocab)
+            argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab)
             pipe = self.kern.pipeline("step", "main")
             advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
-            self._step = Recording(body.dispatches + head.dispatches + [argmax, advance])
+            self._step = Recording(body.dispatches + head.dispatches + argmax + [advance])
         return self._step
 
     def _logits_buffer(self, T: int, n_logits: int):
@@ -171,7 +205,15 @@ class GPUBackend:
         i = 0
         while i < len(ops):
             nxt = ops[i + 1] if i + 1 < len(ops) else None
-            if _is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
+            fused = lower.gate_up(*ops[i : i + 3]) if _is_gate_up(ops[i : i + 3]) else None
+            stack = _stack_at(ops, i)
+            if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
+                body += lower.stacked(ops[i : i + len(stack)], stack)
+                i += len(stack)
+            elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
+                body += fused
+                i += 3
+            elif _is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
                 body += lower.matmul_residual(ops[i], nxt)
                 i += 2
             else:
@@ -234,6 +276,23 @@ class _Lowering:
         t = be.gf.tensor(mm.weight)
         return KM.matmul_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
 
+    def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
+        be = self.be
+        x = self.current(mms[0].src)
+        ys = [self.target(m.dst, m.src) for m in mms]
+        tensors = [be.gf.tensor(n) for n in names]
+        return KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names), self.rows)
+
+    def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
+        be = self.be
+        x = self.current(mg.src)
+        tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
+        chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
+        if not KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+            return None  # checked before target() so a refusal leaves the buffer tracking untouched
+        y = self.target(act.dst, mg.src)
+        return KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows)
+
     def op(self, op) -> list[Dispatch]:
         be, T = self.be, self.rows
         w = be.widths
@@ -282,6 +341,51 @@ class _Lowering:
         raise NotImplementedError(type(op).__name__)
 
 
+def _stack_run(ops, i: int) -> list[MatMul]:
+    """The matmuls from ops[i] on that read one input (2 or 3, none reading another's output)."""
+    run: list[MatMul] = []
+    for op in ops[i : i + 3]:
+        if not isinstance(op, MatMul) or (run and op.src != run[0].src) or op.dst == op.src:
+            break
+        if any(op.src == m.dst or op.dst == m.dst for m in run):
+            break
+        run.append(op)
+    return run if len(run) >= 2 else []
+
+
+def _stack_at(ops, i: int) -> tuple:
+    return tuple(m.weight for m in _stack_run(ops, i))
+
+
+def _find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
+    """Weight-name tuples to stack -> their bias names. gate||up followed by its
+    activation is left to the fused gate_up kernel."""
+    ops = list(plan.layers)
+    out = {}
+    i = 0
+    while i < len(ops):
+        run = _stack_run(ops, i)
+        if not run or _is_gate_up(ops[i : i + 3]):
+            i += 1
+            continue
+        if KM.can_stack([gf.tensor(m.weight) for m in run], max_binding):
+            out[tuple(m.weight for m in run)] = tuple(m.bias for m in run)
+        i += len(run)
+    return out
+
+
+def _is_gate_up(ops) -> bool:
+    """MatMul(g, h), MatMul(u, h), GatedAct(g, u): both products read only by the activation."""
+    if len(ops) != 3:
+        return False
+    mg, mu, act = ops
+    return (
+        isinstance(mg, MatMul) and isinstance(mu, MatMul) and isinstance(act, GatedAct)
+        and mg.src == mu.src and not mg.bias and not mu.bias
+        and (act.gate, act.up) == (mg.dst, mu.dst) and mg.dst != mu.dst
+    )
+
+
 def _is_residual(op, nxt) -> bool:
     """MatMul(o) then Add(x, x, o): the plan's residual adds. The matmul's own
     output is read by that Add alone (the plan builder writes it so)."""
@@ -291,9 +395,9 @@ def _is_residual(op, nxt) -> bool:
     )
 
 
-def _encode(enc, recording: Recording) -> None:
+def _encode(enc, recording: Recording, timer=None) -> None:
     cp = enc.begin_compute_pass()
-    recording.encode(cp)
+    recording.encode(cp, timer=timer)
     cp.end()
 
 

@@ -13,7 +13,9 @@ declaration order, u32 / f32 little-endian, zero-padded to a multiple of 16.
 
 from __future__ import annotations
 
+import os
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -78,17 +80,49 @@ def row_bytes(qtype, K: int) -> int:
 
 # Types with a coalesced kernel (wgsl/gemv_TYPE.wgsl) -> the K multiple it needs.
 _COALESCED = {Q.Q4_K: 256}
-COALESCED_THREADS = 256  # per workgroup; two rows per 32-lane team measured slower on the H200
+GEMV_TEAMS = 8  # 32-lane teams per workgroup of the coalesced kernels
+SMALL_N = 4096  # fewer output rows than this: one row per team (more workgroups)
 
 
-def coalesced_lanes() -> int:
-    """Invocations per row (INFR_GEMV_LANES, 32 or 64): more lanes, more loads in flight."""
-    import os
+@dataclass(frozen=True)
+class GemvTuning:
+    """How the coalesced GEMV is compiled: R weight rows per team (the
+    activations are loaded once for all of them), U block steps unrolled,
+    and the subgroup size its reductions use (0: shared memory only).
+    INFR_GEMV_R / INFR_GEMV_U / INFR_GEMV_SG override (for measuring)."""
 
-    lanes = int(os.environ.get("INFR_GEMV_LANES", "32"))
-    if lanes not in (32, 64):
-        raise ValueError(f"INFR_GEMV_LANES must be 32 or 64, got {lanes}")
-    return lanes
+    R: int = 2
+    U: int = 2
+    SG: int = 0
+
+    @classmethod
+    def for_device(cls, dev: Device) -> "GemvTuning":
+        sg = dev.subgroup_size or 0
+        sg = sg if sg and 32 % sg == 0 else 0  # teams are 32 lanes: whole subgroups only
+        env = {k: int(os.environ[f"INFR_GEMV_{k}"]) for k in ("R", "U", "SG") if os.environ.get(f"INFR_GEMV_{k}")}
+        t = cls(**{"SG": sg, **env})
+        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG and 32 % t.SG):
+            raise ValueError(f"bad GEMV tuning {t}")
+        return t
+
+
+def gemv_pipeline(kernels: Kernels, q, N: int, pair_act: str | None = None, split: bool = False):
+    """The coalesced GEMV for `q` and N output rows (plain, the fused gate||up
+    with activation `pair_act`, or the stacked q|k|v with `split`) and its
+    output rows per workgroup."""
+    t = GemvTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change between models
+    pair = pair_act is not None
+    # Two rows per team pay on long matrices; short ones need every workgroup they can get.
+    R, U = (2, 1) if pair else (t.R, t.U) if N >= SMALL_N else (1, 1)
+    consts = dict(
+        R=R, U=U, SG=t.SG, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(),
+        SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
+        W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
+        W2_LOAD="if (slot == 1u) { return w2[i]; }" if pair else "",
+        SPLIT_DECL="// #include gemv_split" if split else "", STORE="store_split" if split else "store_row",
+    )
+    pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", **consts)
+    return pipe, GEMV_TEAMS * (1 if pair else R)
 
 
 def rows_per_workgroup(qtype) -> int:
@@ -107,13 +141,13 @@ def _pack(fields: list[tuple[str, str, object]]) -> np.ndarray:
 
 def params_matmul(
     K: int, N: int, row0: int, row_bytes: int, x_stride: int, y_stride: int, has_bias: bool, T: int,
-    has_resid: bool = False,
+    has_resid: bool = False, split1: int = 0, split2: int = 0,
 ) -> np.ndarray:
     """matmul.wgsl Params; N is the chunk's row count, row0 its first global row."""
     return _pack([
         ("K", "u32", K), ("N", "u32", N), ("row0", "u32", row0), ("row_bytes", "u32", row_bytes),
         ("x_stride", "u32", x_stride), ("y_stride", "u32", y_stride), ("has_bias", "u32", int(has_bias)),
-        ("T", "u32", T), ("has_resid", "u32", int(has_resid)),
+        ("T", "u32", T), ("has_resid", "u32", int(has_resid)), ("split1", "u32", split1), ("split2", "u32", split2),
     ])
 
 
@@ -196,9 +230,7 @@ def matmul_dispatches(
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
     if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of lanes reads each block together
-        lanes = coalesced_lanes()
-        rows_wg = COALESCED_THREADS // lanes
-        pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", ROWS=rows_wg, LANES=lanes)
+        pipe, rows_wg = gemv_pipeline(kernels, q, N)
         label = f"gemv_{wgsl_name(q)}"
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
@@ -210,8 +242,77 @@ def matmul_dispatches(
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), T, 1)
         r = resid if resid is not None else _no_bias(kernels)
-        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b, r]), groups, label))
+        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b, r]), groups, f"{label} {N}x{K}", rows * rb))
     return out
+
+
+def can_fuse_gate_up(wg, wu, chunks_g, chunks_u) -> bool:
+    """Both matrices of one type with a coalesced kernel, one shape, one chunking."""
+    qg, qu = as_qtype(wg.qtype), as_qtype(wu.qtype)
+    K = int(wg.shape[-1])
+    return (
+        qg == qu and qg in _COALESCED and K % _COALESCED[qg] == 0 and tuple(wg.shape) == tuple(wu.shape)
+        and [(r0, n) for _, r0, n in chunks_g] == [(r0, n) for _, r0, n in chunks_u]
+    )
+
+
+def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: str, T: int) -> list[Dispatch] | None:
+    """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk (the fused
+    gate||up of a gated FFN), or None where no fused kernel applies (the caller
+    then runs the two matmuls and the activation)."""
+    if not can_fuse_gate_up(wg, wu, chunks_g, chunks_u):
+        return None
+    qg = as_qtype(wg.qtype)
+    K, N = int(wg.shape[-1]), int(wg.shape[0])
+    pipe, rows_wg = gemv_pipeline(kernels, qg, N, pair_act=getattr(act, "value", act))
+    rb = row_bytes(qg, K)
+    none = _no_bias(kernels)
+    out = []
+    for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
+        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, K, N, False, T), label="gate_up.params", uniform=True)
+        groups = (-(-rows // rows_wg), T, 1)
+        bind = kernels.bind(pipe, [p, bg, x, y, none, none, bu])
+        out.append(Dispatch(pipe, bind, groups, f"gemv_{wgsl_name(qg)}_gate_up {N}x{K}", 2 * rows * rb))
+    return out
+
+
+def can_stack(tensors, max_binding: int) -> bool:
+    """Matrices one GEMV can run stacked (the fused q|k|v): one type with a
+    coalesced kernel, one K, together within one storage binding."""
+    qs = {as_qtype(t.qtype) for t in tensors}
+    ks = {int(t.shape[-1]) for t in tensors}
+    if len(qs) != 1 or len(ks) != 1:
+        return False
+    q, K = qs.pop(), ks.pop()
+    total = sum(int(t.shape[0]) for t in tensors) * row_bytes(q, K)
+    return q in _COALESCED and K % _COALESCED[q] == 0 and 2 <= len(tensors) <= 3 and total <= max_binding
+
+
+def upload_stacked(dev: Device, tensors, label: str) -> list[tuple]:
+    """The matrices' raw rows one after the other in one buffer: [(buffer, 0, rows)]."""
+    raw = np.concatenate([np.ascontiguousarray(t.raw).view(np.uint8).reshape(-1) for t in tensors])
+    rows = sum(int(t.shape[0]) for t in tensors)
+    return [(storage(dev, raw, label=label), 0, rows)]
+
+
+def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int) -> list[Dispatch]:
+    """ys[i][t] = W_i @ x[t] (+ bias) for the stacked matrices in one dispatch;
+    `bias` is one buffer with every matrix's rows (zeros where one has none)."""
+    q, K = as_qtype(tensors[0].qtype), int(tensors[0].shape[-1])
+    sizes = [int(t.shape[0]) for t in tensors]
+    N = sum(sizes)
+    pipe, rows_wg = gemv_pipeline(kernels, q, N, split=True)
+    split1 = sizes[0]
+    split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
+    (buf, _, _), = chunks
+    rb = row_bytes(q, K)
+    p = storage(kernels.dev, params_matmul(K, N, 0, rb, K, N, bias is not None, T, False, split1, split2),
+                label="qkv.params", uniform=True)
+    none = _no_bias(kernels)
+    outs = list(ys) + [none] * (3 - len(ys))
+    bind = kernels.bind(pipe, [p, buf, x, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
+    label = f"gemv_{wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
+    return [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, N * rb)]
 
 
 def embed_dispatches(kernels: Kernels, w, chunks, ids, y, scale: float, T: int, K: int | None = None) -> list[Dispatch]:

@@ -62,8 +62,8 @@ def pack_elementwise(n: int, cap: float = 0.0) -> bytes:
     return _pack([("n", "u32", n), ("cap", "f32", cap)])
 
 
-def pack_argmax(n: int) -> bytes:
-    return _pack([("n", "u32", n)])
+def pack_argmax(n: int, per: int, parts: int) -> bytes:
+    return _pack([("n", "u32", n), ("per", "u32", per), ("parts", "u32", parts)])
 
 
 def pack_state(start: int, T: int) -> np.ndarray:
@@ -141,8 +141,8 @@ def attention_dispatch(
 ) -> Dispatch:
     if n_heads % kv_heads:
         raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
-    if head_dim % 2 or v_head_dim % 2 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
-        raise ValueError(f"attention head dims must be even and at most {ATTN_MAX_HEAD_DIM}")
+    if head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
+        raise ValueError(f"attention needs head_dim % 8 == 0, v_head_dim % 4 == 0, both at most {ATTN_MAX_HEAD_DIM}")
     pipe = kernels.pipeline("attention", "main")
     data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
     p = _params(kernels, data, params, "attention")
@@ -173,7 +173,17 @@ def softcap_dispatch(kernels: Kernels, x, n: int, cap: float, params=None) -> Di
     return Dispatch(pipe, kernels.bind(pipe, [p, x]), _flat_groups(kernels, n), "softcap")
 
 
-def argmax_dispatch(kernels: Kernels, x, out, n: int, params=None) -> Dispatch:
-    pipe = kernels.pipeline("argmax", "main")
-    p = _params(kernels, pack_argmax(n), params, "argmax")
-    return Dispatch(pipe, kernels.bind(pipe, [p, x, out]), (1, 1, 1), "argmax")
+ARGMAX_SLICE = 2048  # values per workgroup of the first argmax pass
+
+
+def argmax_dispatches(kernels: Kernels, x, out, n: int) -> list[Dispatch]:
+    """out[0] = argmax(x[:n]) (lowest index on ties): a pass per slice, then one merge."""
+    parts = max(1, -(-n // ARGMAX_SLICE))
+    p = _params(kernels, pack_argmax(n, ARGMAX_SLICE, parts), None, "argmax")
+    best = storage(kernels.dev, parts * 8, label="argmax.best")
+    first = kernels.pipeline("argmax", "partial")
+    last = kernels.pipeline("argmax", "merge")
+    return [
+        Dispatch(first, kernels.bind(first, [p, x, best, out]), (parts, 1, 1), f"argmax {n}"),
+        Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, 1, 1), "argmax_merge"),
+    ]

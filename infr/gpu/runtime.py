@@ -106,7 +106,8 @@ class Dispatch:
     pipeline: object
     bind_group: object
     groups: tuple[int, int, int]
-    label: str = ""
+    label: str = ""  # kernel and shape, e.g. "gemv_q4_k 4096x14336": the profiler's row
+    bytes: int = 0   # weight bytes it reads (the profiler's GB/s); 0 when not a weight op
 
 
 def storage(dev: Device, data: np.ndarray | int, label: str = "", uniform: bool = False):
@@ -136,6 +137,7 @@ try:  # wgpu-native's C entry points through wgpu-py's own cffi handles
     _SET_PIPELINE = _lib.wgpuComputePassEncoderSetPipeline
     _SET_BIND_GROUP = _lib.wgpuComputePassEncoderSetBindGroup
     _DISPATCH = _lib.wgpuComputePassEncoderDispatchWorkgroups
+    _TIMESTAMP = _lib.wgpuComputePassEncoderWriteTimestamp
 except Exception:  # another wgpu backend: use the portable API
     _lib = None
 
@@ -156,7 +158,12 @@ class Recording:
     def __len__(self) -> int:
         return len(self.dispatches)
 
-    def encode(self, cpass, times: int = 1) -> None:
+    def encode(self, cpass, times: int = 1, timer=None) -> None:
+        """Encode the dispatches `times` times. With a profiler `timer`
+        (infr.gpu.profile), a timestamp is written before the first dispatch
+        and after each one."""
+        if timer is not None:
+            return self._encode_timed(cpass, times, timer)
         if self.raw is None:
             for _ in range(times):
                 for d in self.dispatches:
@@ -173,6 +180,16 @@ class Recording:
                     last = pipe
                 set_bind_group(h, 0, bg, 0, null)
                 dispatch(h, x, y, z)
+
+    def _encode_timed(self, cpass, times: int, timer) -> None:
+        qs = timer.query_set
+        cpass._write_timestamp(qs, timer.take(self.dispatches[0] if self.dispatches else None, first=True))
+        for _ in range(times):
+            for d in self.dispatches:
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, d.bind_group)
+                cpass.dispatch_workgroups(*d.groups)
+                cpass._write_timestamp(qs, timer.take(d))
 
 
 def run(dev: Device, dispatches: Sequence[Dispatch]) -> None:

@@ -48,3 +48,65 @@ def test_plan_residual_adds_are_fused(smollm2_path, gemma3_path, gpu):
     be = GPUBackend(gf, plan, 32, dev=gpu)
     unfused = len(plan.embed + plan.layers + plan.head)  # one dispatch per op, chunks aside
     assert be.dispatches_per_token == unfused - 2 * plan.spec.n_layers
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_gate_up_fused_with_activation(gpu, kernels, act, T):
+    from infr.cpu import ops as F
+    from infr.models.spec import Activation
+
+    rng = np.random.default_rng(11)
+    N, K = 75, 768  # rows not a multiple of the workgroup's; three blocks per row
+    wg, wu = make_weight(Q.Q4_K, N, K, rng), make_weight(Q.Q4_K, N, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
+    y = storage(gpu, np.full((T, N), np.nan, np.float32))
+    ds = KM.gate_up_dispatches(kernels, wg, wu, cg, cu, storage(gpu, x), y, act, T)
+    assert ds is not None and len(ds) == 1
+    run(gpu, ds)
+    g = x @ dequantize(np.array(wg.raw), Q.Q4_K).reshape(N, K).T
+    u = x @ dequantize(np.array(wu.raw), Q.Q4_K).reshape(N, K).T
+    ref = F.gated_act(g, u, Activation(act))
+    out = read(gpu, y, count=T * N).reshape(T, N)
+    np.testing.assert_allclose(out, ref, atol=1e-5 * np.abs(ref).max(), rtol=0)
+
+
+def test_gate_up_not_fused_across_types(gpu, kernels):
+    rng = np.random.default_rng(1)
+    wg, wu = make_weight(Q.Q4_K, 8, 256, rng), make_weight(Q.Q8_0, 8, 256, rng)
+    cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
+    assert KM.gate_up_dispatches(kernels, wg, wu, cg, cu, cg[0][0], cu[0][0], "silu", 1) is None
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen2"])  # qwen2: the stacked q|k|v carries biases
+def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
+    """A model whose every matrix takes the Q4_K kernels (K % 256 == 0): the
+    stacked q|k|v and the fused gate||up run, and greedy decode on the GPU
+    gives the CPU reference's tokens."""
+    from infr import synth
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    spec = synth.preset(family, n_embd=256, n_ff=512, n_heads=4, n_kv_heads=2, head_dim=64, weight_type="Q4_K")
+    path = synth.write_gguf(spec, tmp_path / f"{family}.gguf")
+    gf = open_gguf(path)
+    plan = build_plan(build_spec(gf))
+    gpu_be = GPUBackend(gf, plan, 64, dev=gpu)
+    assert len(gpu_be.stacks) == plan.spec.n_layers  # q|k|v stacked in every layer
+    labels = [d.label for d in gpu_be._decode_step().dispatches]
+    assert sum("_stacked" in lb for lb in labels) == plan.spec.n_layers
+    assert sum("_gate_up" in lb for lb in labels) == plan.spec.n_layers
+    cpu_be = CPUBackend(gf, plan, 64)
+    prompt = [1, 17, 42, 99, 3, 250]
+    want, logits = [], cpu_be.forward(prompt, 0)[-1]
+    for i in range(12):
+        want.append(int(np.argmax(logits)))
+        logits = cpu_be.forward([want[-1]], len(prompt) + i)[-1]
+    got_logits = gpu_be.forward(prompt, 0)[-1]
+    first = int(np.argmax(got_logits))
+    assert first == want[0]
+    assert gpu_be.decode_greedy(first, len(prompt), 11) == want[1:]

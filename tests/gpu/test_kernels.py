@@ -304,7 +304,7 @@ def test_elementwise_grid_folds_past_dimension_limit(gpu):
 # --- argmax ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [5, 1000, 262147])
+@pytest.mark.parametrize("n", [5, 1000, 2048, 2049, 262147])
 def test_argmax(gpu, kernels, n):
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) - 50).astype(np.float32)  # all negative
@@ -313,5 +313,5 @@ def test_argmax(gpu, kernels, n):
             i, j = sorted(rng.choice(n, 2, replace=False))
             x[i] = x[j] = x.max() + 1
         out = storage(gpu, 16)
-        run(gpu, [M.argmax_dispatch(kernels, _buf(gpu, x), out, n)])
+        run(gpu, M.argmax_dispatches(kernels, _buf(gpu, x), out, n))
         assert int(read(gpu, out, np.uint32, 1)[0]) == int(np.argmax(x))
