@@ -1,50 +1,113 @@
 """`python -m infr.bench`: prompt processing and generation speed, llama-bench style.
 
     python -m infr.bench -m smollm2 -p 512 -n 128 -r 3
-    python -m infr.bench -m synth:llama-3.2-1b:Q4_K -p 512 -n 128 --backend gpu -o json
+    python -m infr.bench -m synth:llama-8b:Q4_K -p 512 -n 128 -d 0,4096 -pg 512,128 --backend gpu -o json
 
-`-p N` times one prefill of N tokens (pp t/s); `-n N` times N greedy decode
-steps after a one-token prompt (tg t/s). A warm-up run of each test is
-excluded; results are mean ± stddev over `-r` repetitions. Token ids are
-random (speed does not depend on them), so models need no tokenizer.
-`synth:PRESET:TYPE` writes a random-weight GGUF of a real shape once
-(infr.synth) into infr's cache.
+Tests follow llama-bench: `-p N` times one prefill of N tokens (ppN); `-n N`
+times N greedy decode steps (tgN); `-pg P,N` times a P-token prompt then N
+generated tokens, t/s over P+N (ppP+tgN); `-d D` first fills the KV cache with
+D tokens, untimed, and runs every test after them ("pp512 @ d4096"). Lists are
+comma-separated or ranges (`first-last`, `first-last+step`, `first-last*mult`).
+A warm-up run of each test is dropped; `-r` repetitions are timed. Output
+(`-o md|csv|json|jsonl`) has llama-bench's columns and keys, so its tooling
+reads it. Token ids are random (speed does not depend on them): models need no
+tokenizer. `-m synth:PRESET[:TYPE]` (presets of infr.synth, or short names such
+as llama-8b, llama-1b) writes a random-weight GGUF of a real shape once into
+infr's cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
+import io
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from infr.errors import InfrError
 
+# short names for synth presets
+SYNTH_ALIASES = {
+    "llama-1b": "llama-3.2-1b", "llama3-1b": "llama-3.2-1b", "llama-3-1b": "llama-3.2-1b",
+    "llama-8b": "llama-3.1-8b", "llama3-8b": "llama-3.1-8b", "llama-3-8b": "llama-3.1-8b",
+    "qwen3-0.6b": "qwen3-0.6b", "qwen2.5-0.5b": "qwen2.5-0.5b", "qwen2-0.5b": "qwen2.5-0.5b",
+    "gemma3-270m": "gemma3-270m", "gemma-270m": "gemma3-270m",
+}
+
+# llama-bench's keys, in its order, that infr fills; infr's own keys follow them
+FIELDS = (
+    "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
+    "model_size", "model_n_params", "n_threads", "type_k", "type_v", "n_gpu_layers",
+    "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
+    "samples_ns", "samples_ts",
+)
+INFR_FIELDS = ("infr_backend", "device", "load_seconds", "command")
+
+
+@dataclass(frozen=True)
+class Test:
+    n_prompt: int = 0
+    n_gen: int = 0
+    n_depth: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.n_prompt and self.n_gen:
+            base = f"pp{self.n_prompt}+tg{self.n_gen}"
+        else:
+            base = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return base + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_prompt + self.n_gen
+
+    @property
+    def n_ctx(self) -> int:
+        return self.n_depth + self.n_prompt + self.n_gen + 1
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+def synth_path(preset: str, wtype: str | None = None) -> Path:
+    """The cached random-weight GGUF of a synth preset (written on first use)."""
+    from infr import synth
+    from infr.offline import cache_dir
+
+    preset = SYNTH_ALIASES.get(preset, preset)
+    if preset not in synth.PRESETS:
+        known = sorted(set(synth.PRESETS) | set(SYNTH_ALIASES))
+        raise InfrError(f"unknown synthetic preset {preset!r}; known: {', '.join(known)}")
+    try:
+        spec = synth.preset(preset, tokenizer="gpt2", **({"weight_type": wtype} if wtype else {}))
+        spec.validate()
+    except ValueError as e:
+        raise InfrError(str(e)) from None
+    out = cache_dir().parent / "synth" / f"{preset}-{spec.weight_type}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        synth.write_gguf(spec, tmp)
+        os.replace(tmp, out)
+    return out
+
 
 def model_path(ref: str) -> Path:
+    """A .gguf path, an offline name, a Hugging Face ref, or synth:PRESET[:TYPE]."""
     if ref.startswith("synth:"):
-        from infr import synth
-        from infr.offline import cache_dir
-
         _, preset, *rest = ref.split(":")
-        wtype = rest[0] if rest else None
-        if preset not in synth.PRESETS:
-            raise InfrError(f"unknown synthetic preset {preset!r}; known: {', '.join(sorted(synth.PRESETS))}")
-        spec = synth.preset(preset, tokenizer="gpt2", **({"weight_type": wtype} if wtype else {}))
-        out = cache_dir().parent / "synth" / f"{preset}-{spec.weight_type}.gguf"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".tmp")
-            synth.write_gguf(spec, tmp)
-            os.replace(tmp, out)
-        return out
+        return synth_path(preset, rest[0] if rest else None)
     from infr.store import resolve
 
     return resolve(ref)
@@ -66,8 +129,11 @@ def load_backend(path: Path, backend: str, n_ctx: int):
     return gf, plan, be, name, time.perf_counter() - t0
 
 
+# --- timing ------------------------------------------------------------------------------------
+
+
 def decode_greedy(be, token: int, start: int, n: int) -> list[int]:
-    """n greedy steps; the GPU backend keeps tokens on the device."""
+    """n greedy steps from `token` at position `start`; the GPU backend keeps tokens on the device."""
     if hasattr(be, "decode_greedy"):
         return be.decode_greedy(token, start, n)
     out = []
@@ -77,96 +143,285 @@ def decode_greedy(be, token: int, start: int, n: int) -> list[int]:
     return out
 
 
-def run_test(be, n_vocab: int, n_prompt: int, n_gen: int, reps: int, seed: int = 0) -> list[float]:
+def time_test(be, n_vocab: int, test: Test, reps: int, warmup: bool = True, seed: int = 0) -> list[int]:
+    """Nanoseconds of each timed repetition. The depth is prefilled once, untimed;
+    every repetition writes its tokens after it, as llama-bench's restored cache."""
     rng = np.random.default_rng(seed)
+    d = test.n_depth
+    if d:
+        be.forward(rng.integers(0, n_vocab, d).tolist(), 0)
     samples = []
-    for rep in range(reps + 1):  # the first run warms up and is dropped
-        ids = rng.integers(0, n_vocab, size=max(n_prompt, 1)).tolist()
-        if n_prompt:
-            t0 = time.perf_counter()
-            be.forward(ids, 0)
-            seconds = time.perf_counter() - t0
-            rate = n_prompt / seconds
-        else:
-            be.forward(ids[:1], 0)
-            t0 = time.perf_counter()
-            decode_greedy(be, ids[0], 1, n_gen)
-            seconds = time.perf_counter() - t0
-            rate = n_gen / seconds
-        if rep:
-            samples.append(rate)
+    for rep in range(reps + int(warmup)):
+        ids = rng.integers(0, n_vocab, max(test.n_prompt, 1)).tolist()
+        t0 = time.perf_counter_ns()
+        if test.n_prompt:
+            logits = be.forward(ids, d)[-1]
+            if test.n_gen:
+                decode_greedy(be, int(np.argmax(logits)), d + test.n_prompt, test.n_gen)
+        elif test.n_gen:
+            decode_greedy(be, ids[0], d, test.n_gen)
+        ns = time.perf_counter_ns() - t0
+        if rep >= int(warmup):
+            samples.append(ns)
     return samples
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m infr.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", action="append", default=None, help="path, offline name or synth:PRESET:TYPE")
-    ap.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated (0 to skip)")
-    ap.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (0 to skip)")
-    ap.add_argument("-r", "--repetitions", type=int, default=5)
-    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
-    ap.add_argument("-o", "--output", default="md", choices=["md", "json"])
-    ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
-    args = ap.parse_args(argv)
+def run_test(be, n_vocab: int, n_prompt: int, n_gen: int, reps: int, seed: int = 0, n_depth: int = 0) -> list[float]:
+    """Tokens per second of each repetition (older callers' interface)."""
+    test = Test(n_prompt, n_gen, n_depth)
+    return [test.n_tokens * 1e9 / ns for ns in time_test(be, n_vocab, test, reps, seed=seed)]
+
+
+def stats(test: Test, samples_ns: list[int]) -> dict:
+    """llama-bench's statistics: mean and sample stddev of ns and of t/s."""
+    ts = [test.n_tokens * 1e9 / ns for ns in samples_ns]
+    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+    return {
+        "avg_ns": int(statistics.fmean(samples_ns)), "stddev_ns": int(sd(samples_ns)),
+        "avg_ts": statistics.fmean(ts), "stddev_ts": sd(ts),
+        "samples_ns": list(samples_ns), "samples_ts": ts,
+    }
+
+
+# --- metadata ----------------------------------------------------------------------------------
+
+
+def build_info() -> tuple[str, int]:
+    """(build_commit, build_number): the git commit of this checkout when there is one."""
+    from infr import __version__
+
+    root = Path(__file__).resolve().parents[1]
     try:
-        results = bench(args)
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        commit = out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return (f"infr-{__version__}" + (f"-{commit}" if commit else "")), 0
+
+
+def cpu_info() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def ftype_name(value) -> str:
+    """llama.cpp's file type names: Q4_1, Q4_K - Medium, all F32."""
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(int(value)).name
+    except (TypeError, ValueError):
+        return "?"
+    if name.startswith("ALL_"):
+        return "all " + name[4:]
+    name = name.removeprefix("MOSTLY_")
+    for suffix, word in (("_XS", "Extra Small"), ("_S", "Small"), ("_M", "Medium"), ("_L", "Large")):
+        if "_K" in name and name.endswith(suffix) and not name.endswith("_K"):
+            return f"{name[: -len(suffix)]} - {word}"
+    return name
+
+
+def _human(n: float, units=((1e9, "B"), (1e6, "M"), (1e3, "K"))) -> str:
+    for scale, unit in units:
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(int(n))
+
+
+def model_info(path: Path, gf, plan) -> dict:
+    n_params = gf.param_count()
+    size_label = gf.get("general.size_label") or _human(n_params)
+    return {
+        "model_filename": str(path),
+        "model_type": f"{plan.spec.arch} {size_label} {ftype_name(gf.get('general.file_type'))}",
+        "model_size": sum(t.nbytes for t in gf.tensors.values()),  # tensor bytes, as llama.cpp counts
+        "model_n_params": n_params,
+    }
+
+
+def backend_info(be, backend: str) -> dict:
+    gpu = backend == "gpu"
+    dev = getattr(getattr(be, "dev", None), "name", "")
+    return {
+        "gpu_info": dev if gpu else "",
+        "backends": "WebGPU" if gpu else "CPU",
+        "n_threads": 1 if gpu else (os.cpu_count() or 1),
+        "type_k": "f16", "type_v": "f16",
+        "n_gpu_layers": 99 if gpu else 0,
+        "infr_backend": backend,
+        "device": dev if gpu else cpu_info(),
+    }
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def parse_ints(values: list[str] | None, default: list[int]) -> list[int]:
+    """llama-bench's value lists: repeated flags, commas, first-last[+step|*mult]."""
+    if not values:
+        return list(default)
+    out = []
+    for value in values:
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                if "-" in part[1:]:
+                    first, rest = part.split("-", 1)
+                    op = "+" if "+" in rest else ("*" if "*" in rest else None)
+                    last, step = (rest.split(op) if op else (rest, "1"))
+                    a, b, s = int(first), int(last), int(step)
+                    if s <= (1 if op == "*" else 0):
+                        raise ValueError
+                    while a <= b:
+                        out.append(a)
+                        a = a * s if op == "*" else a + s
+                else:
+                    out.append(int(part))
+            except ValueError:
+                raise InfrError(f"bad value {part!r}: expected N, N,M or first-last[+step|*mult]") from None
+            if out and out[-1] < 0:
+                raise InfrError(f"values must be >= 0, got {out[-1]}")
+    return out
+
+
+def parse_pg(values: list[str] | None) -> list[tuple[int, int]]:
+    out = []
+    for value in values or []:
+        parts = value.split(",")
+        if len(parts) != 2:
+            raise InfrError(f"-pg takes PP,TG, got {value!r}")
+        try:
+            out.append((int(parts[0]), int(parts[1])))
+        except ValueError:
+            raise InfrError(f"-pg takes PP,TG, got {value!r}") from None
+    return out
+
+
+def tests_for(prompts: list[int], gens: list[int], pgs: list[tuple[int, int]], depths: list[int]) -> list[Test]:
+    """llama-bench's order: per depth, the pp tests, the tg tests, then the pp+tg ones."""
+    out = []
+    for d in depths:
+        out += [Test(p, 0, d) for p in prompts if p]
+        out += [Test(0, n, d) for n in gens if n]
+        out += [Test(p, n, d) for p, n in pgs if p or n]
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m infr.bench", description=__doc__.split("\n\n")[0],
+                                 epilog="Semantics follow llama-bench; see the module docstring.")
+    ap.add_argument("-m", "--model", action="append", default=None,
+                    help="path, offline name, Hugging Face ref or synth:PRESET[:TYPE] (repeatable)")
+    ap.add_argument("-p", "--n-prompt", action="append", help="prompt sizes (default 512; 0 skips)")
+    ap.add_argument("-n", "--n-gen", action="append", help="generation lengths (default 128; 0 skips)")
+    ap.add_argument("-pg", action="append", metavar="PP,TG", help="prompt then generation, t/s over both")
+    ap.add_argument("-d", "--n-depth", action="append", help="context depth filled before each test (default 0)")
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument("--no-warmup", action="store_true", help="time every run (no warm-up run is dropped)")
+    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
+    ap.add_argument("-o", "--output", default="md", choices=["md", "csv", "json", "jsonl"])
+    ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        results = bench(args, argv)
     except InfrError as e:
         print(f"infr: error: {e}", file=sys.stderr)
         return 1
-    if args.output == "json":
-        print(json.dumps(results, indent=1))
-    else:
-        print(markdown(results))
+    print(render(results, args.output))
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         args.save.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
-def bench(args) -> list[dict]:
+def bench(args, argv: list[str] | None = None) -> list[dict]:
+    if args.repetitions < 1:
+        raise InfrError(f"-r must be >= 1, got {args.repetitions}")
+    tests = tests_for(parse_ints(args.n_prompt, [512]), parse_ints(args.n_gen, [128]), parse_pg(args.pg),
+                      parse_ints(args.n_depth, [0]))
+    if not tests:
+        raise InfrError("no test to run: every -p, -n and -pg is 0")
+    build_commit, build_number = build_info()
+    command = " ".join(["python", "-m", "infr.bench"] + list(sys.argv[1:] if argv is None else argv))
     results = []
-    prompts = [int(x) for x in str(args.n_prompt).split(",") if x.strip()]
-    gens = [int(x) for x in str(args.n_gen).split(",") if x.strip()]
     for ref in args.model or ["smollm2"]:
         path = model_path(ref)
-        n_ctx = max(prompts + [0]) + max(gens + [0]) + 16
-        gf, plan, be, backend, load_s = load_backend(path, args.backend, n_ctx)
-        common = {
-            "model_filename": str(path),
-            "model_type": f"{plan.spec.arch} {gf.get('general.size_label', '')}".strip(),
-            "model_size": gf.file_size,
-            "model_n_params": gf.param_count(),
-            "backends": backend,
-            "device": getattr(getattr(be, "dev", None), "name", platform.processor() or platform.machine()),
-            "load_seconds": round(load_s, 3),
-            "command": " ".join([sys.executable.rsplit("/", 1)[-1], "-m", "infr.bench"] + sys.argv[1:]),
-            "test_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        tests = [(p, 0) for p in prompts if p] + [(0, n) for n in gens if n]
-        for n_prompt, n_gen in tests:
-            samples = run_test(be, plan.spec.n_vocab, n_prompt, n_gen, args.repetitions)
-            results.append({
-                **common,
-                "n_prompt": n_prompt,
-                "n_gen": n_gen,
-                "avg_ts": statistics.fmean(samples),
-                "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
-                "samples_ts": samples,
-            })
-            print(f"infr: {path.name} {'pp' if n_prompt else 'tg'}{n_prompt or n_gen}: "
-                  f"{results[-1]['avg_ts']:.2f} t/s", file=sys.stderr)
+        gf, plan, be, backend, load_s = load_backend(path, args.backend, max(t.n_ctx for t in tests))
+        common = {"build_commit": build_commit, "build_number": build_number, "cpu_info": cpu_info(),
+                  **model_info(path, gf, plan), **backend_info(be, backend),
+                  "load_seconds": round(load_s, 3), "command": command}
+        for test in tests:
+            samples = time_test(be, plan.spec.n_vocab, test, args.repetitions, warmup=not args.no_warmup)
+            record = {**common, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
+                      "test_time": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      **stats(test, samples)}
+            results.append({k: record[k] for k in FIELDS + INFR_FIELDS})
+            print(f"infr: {path.name} {test.name}: {record['avg_ts']:.2f} t/s", file=sys.stderr)
+        del be
     return results
 
 
+# --- output ------------------------------------------------------------------------------------
+
+
+def test_name(r: dict) -> str:
+    return Test(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)).name
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
 def markdown(results: list[dict]) -> str:
-    rows = ["| model | size | params | backend | test | t/s |", "| --- | ---: | ---: | --- | ---: | ---: |"]
-    for r in results:
-        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-        rows.append(
-            f"| {r['model_type']} | {r['model_size'] / 2**20:.2f} MiB | {r['model_n_params'] / 1e6:.2f} M | "
-            f"{r['backends']} | {test} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |"
-        )
-    return "\n".join(rows)
+    """llama-bench's table: ngl for a GPU backend, threads for the CPU one."""
+    gpu = any(r["backends"] != "CPU" for r in results)
+    head = ["model", "size", "params", "backend", "ngl" if gpu else "threads", "test", "t/s"]
+    right = {"size", "params", "ngl", "threads", "test", "t/s"}
+    rows = [[r["model_type"], _size(r["model_size"]), _params(r["model_n_params"]), r["backends"],
+             str(r["n_gpu_layers"] if gpu else r["n_threads"]), test_name(r),
+             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"] for r in results]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(head)]
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if h in right else c.ljust(w)
+                                 for c, w, h in zip(cells, widths, head)) + " |"
+
+    rule = "| " + " | ".join(("-" * (w - 1) + ":") if h in right else "-" * w for w, h in zip(widths, head)) + " |"
+    out = [line(head), rule] + [line(row) for row in rows]
+    if results:
+        out += ["", f"build: {results[0]['build_commit']} ({results[0]['build_number']})"]
+    return "\n".join(out)
+
+
+def render(results: list[dict], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(results, indent=2)
+    if fmt == "jsonl":
+        return "\n".join(json.dumps(r) for r in results)
+    if fmt == "csv":  # like llama-bench: every value quoted, no sample lists
+        keys = [k for k in (results[0] if results else FIELDS) if not k.startswith("samples_")]
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, keys, quoting=csv.QUOTE_ALL, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(results)
+        return buf.getvalue().rstrip("\n")
+    return markdown(results)
 
 
 if __name__ == "__main__":

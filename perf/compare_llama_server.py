@@ -3,10 +3,15 @@ on the same synthetic GGUFs (real shapes, random Q4_K blocks).
 
     source .gpu/setup.sh && python3 perf/compare_llama_server.py llama-3.2-1b:Q4_K llama-3.1-8b:Q4_K
 
-For each model: infr pp512 / tg128 (python -m infr.bench semantics, warm-up
-dropped) and llama-server's own timings for a 512-token prompt and 128
-generated tokens (ignore_eos, greedy, no prompt cache), 3 repetitions each.
+For each model, both engines run the same tests (infr.bench semantics, a
+warm-up dropped, 3 repetitions): pp512, tg128, then tg64 and pp4 after 4096
+tokens of context (the multi-turn shape). llama-server is driven by
+infr.llamacpp (token-id prompts, ignore_eos, greedy, its own `timings`).
+Knobs: LLAMA_SERVER (else llama-server on PATH), COMPARE_PP, COMPARE_TG,
+COMPARE_DEPTH (0 drops the deep tests), COMPARE_DEPTH_PP, COMPARE_DEPTH_TG,
+COMPARE_REPS, COMPARE_GEMV="2,2;1,1" (also GEMV tunings R,U: INFR_GEMV_R / _U).
 Writes one JSON to $OUT (or perf/) with the adapter, the commands and the date.
+`infr compare MODEL` is the same comparison for any model and backend.
 """
 
 from __future__ import annotations
@@ -15,31 +20,29 @@ import datetime as dt
 import json
 import os
 import platform
-import socket
-import statistics
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infr import bench  # noqa: E402
+from infr import bench, llamacpp
+from infr.compare import workloads
 
-REPS = 3
-PP = int(os.environ.get("COMPARE_PP", 512))  # smaller only for a local smoke run
-TG = int(os.environ.get("COMPARE_TG", 128))
+REPS = int(os.environ.get("COMPARE_REPS", "3"))
+PP = int(os.environ.get("COMPARE_PP", "512"))  # smaller only for a local smoke run
+TG = int(os.environ.get("COMPARE_TG", "128"))
+DEPTH = int(os.environ.get("COMPARE_DEPTH", "4096"))
+DEPTH_PP = int(os.environ.get("COMPARE_DEPTH_PP", "4"))
+DEPTH_TG = int(os.environ.get("COMPARE_DEPTH_TG", "64"))
+TESTS = workloads(PP, TG, DEPTH, DEPTH_PP, DEPTH_TG)
+N_CTX = max(t.n_ctx for t in TESTS) + 16
 
 
-def infr_side(path: Path, n_vocab_hint: int | None = None) -> dict:
-    gf, plan, be, backend, load_s = bench.load_backend(path, "gpu", PP + TG + 16)
-    pp = bench.run_test(be, plan.spec.n_vocab, PP, 0, REPS)
-    tg = bench.run_test(be, plan.spec.n_vocab, 0, TG, REPS)
-    # Host cost of encoding one decode step (no submit): the part pipelining must hide.
+def gpu_diagnostics(be) -> dict:
+    """Host cost of encoding a decode step, and where its GPU time goes."""
+    from infr.gpu.runtime import Recording
+
     step = be._decode_step()
     enc = be.dev.device.create_command_encoder()
     cpass = enc.begin_compute_pass()
@@ -48,9 +51,6 @@ def infr_side(path: Path, n_vocab_hint: int | None = None) -> dict:
     host_us = (time.perf_counter() - t0) / 20 * 1e6
     cpass.end()
     enc.finish()
-    # Where the GPU time goes: the decode step with every dispatch, then with
-    # the weight matmuls alone (the rest's cost is the difference).
-    from infr.gpu.runtime import Recording
 
     def gpu_ms(rec: Recording, n: int = 32) -> float:
         enc = be.dev.device.create_command_encoder()
@@ -64,83 +64,40 @@ def infr_side(path: Path, n_vocab_hint: int | None = None) -> dict:
 
     be.forward([1], 0)
     gemv_only = Recording([d for d in step.dispatches if d.label.startswith(("gemv", "matmul"))])
-    split = {"step_ms": gpu_ms(step), "matmuls_only_ms": gpu_ms(gemv_only), "n_matmul_dispatches": len(gemv_only)}
     return {
-        "gpu_time_split": split,
-        "backend": backend,
-        "adapter": be.dev.name,
-        "load_seconds": load_s,
+        "gpu_time_split": {"step_ms": gpu_ms(step), "matmuls_only_ms": gpu_ms(gemv_only),
+                           "n_matmul_dispatches": len(gemv_only)},
         "pipeline_compile_seconds": be.kern.compile_seconds,
         "vram_bytes": be.vram,
-        "file_bytes": gf.file_size,
         "dispatches_per_token": len(step),
         "host_encode_us_per_token": host_us,
-        "pp512": {"avg_ts": statistics.fmean(pp), "stddev_ts": statistics.stdev(pp), "samples_ts": pp},
-        "tg128": {"avg_ts": statistics.fmean(tg), "stddev_ts": statistics.stdev(tg), "samples_ts": tg},
-        "weights_gb_per_s_at_tg": gf.file_size * statistics.fmean(tg) / 1e9,
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def infr_side(path: Path) -> dict:
+    gf, plan, be, backend, load_s = bench.load_backend(path, "gpu", N_CTX)
+    out = {"backend": backend, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
+    for test in TESTS:
+        out[test.name] = bench.stats(test, bench.time_test(be, plan.spec.n_vocab, test, REPS))
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise RuntimeError(f"llama-server {e.code}: {e.read()[:500]!r}") from None
+        out.update(gpu_diagnostics(be))
+    except Exception as e:  # diagnostics lean on backend internals: keep the timings regardless
+        out["diagnostics_error"] = repr(e)
+    tg = f"tg{TG}"
+    if tg in out:
+        out["weights_gb_per_s_at_tg"] = gf.file_size * out[tg]["avg_ts"] / 1e9
+    return out
 
 
-def llama_side(path: Path, n_vocab: int) -> dict:
-    server = os.environ.get("LLAMA_SERVER")
-    if not server:
-        return {"error": "LLAMA_SERVER not set"}
-    port = _free_port()
-    cmd = [server, "-m", str(path), "-ngl", "999", "-c", "2048", "--port", str(port), "--host", "127.0.0.1",
-           "-np", "1"]
-    log = open("/tmp/llama-server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+def llama_side(path: Path) -> dict:
+    llama = llamacpp.find("server")
+    if llama is None:
+        return {"error": "LLAMA_SERVER not set and no llama-server on PATH"}
     try:
-        deadline = time.time() + 180
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                tail = Path("/tmp/llama-server.log").read_text()[-3000:]
-                return {"error": f"llama-server not ready (exit {proc.poll()})", "log_tail": tail}
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.5)
-        rng = np.random.default_rng(0)
-        pp, tg = [], []
-        for rep in range(REPS + 1):
-            prompt = rng.integers(16, n_vocab, PP).tolist()
-            out = _post(f"http://127.0.0.1:{port}/completion", {
-                "prompt": prompt, "n_predict": TG, "ignore_eos": True, "temperature": 0,
-                "cache_prompt": False, "samplers": ["top_k"], "top_k": 1,
-            })
-            t = out["timings"]
-            if rep:  # the first run warms up
-                pp.append(t["prompt_per_second"])
-                tg.append(t["predicted_per_second"])
-        return {
-            "command": " ".join(cmd),
-            "pp512": {"avg_ts": statistics.fmean(pp), "samples_ts": pp},
-            "tg128": {"avg_ts": statistics.fmean(tg), "samples_ts": tg},
-            "prompt_n": t["prompt_n"],
-            "predicted_n": t["predicted_n"],
-        }
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        got = llamacpp.run(llama, path, TESTS, REPS, gpu=True, n_ctx=N_CTX)
+    except llamacpp.LlamaError as e:
+        return {"error": str(e)}
+    return {"command": got["command"], "version": llama.version(), **got["results"]}
 
 
 def main() -> None:
@@ -149,33 +106,34 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "command": " ".join(["python3"] + sys.argv),
+        "tests": [t.name for t in TESTS],
         "models": {},
     }
     for ref in sys.argv[1:]:
         t0 = time.perf_counter()
         path = bench.model_path("synth:" + ref)
-        gen_s = time.perf_counter() - t0
-        from infr.gguf_file import open_gguf
-
-        n_vocab = open_gguf(path).tensor("token_embd.weight").shape[0]
-        entry = {"file": path.name, "synth_seconds": gen_s}
-        # COMPARE_LANES="32,64" also measures GEMV variants (INFR_GEMV_LANES); the first is "infr".
-        for i, lanes in enumerate(os.environ.get("COMPARE_LANES", "32").split(",")):
-            os.environ["INFR_GEMV_LANES"] = lanes
-            key = "infr" if i == 0 else f"infr_lanes{lanes}"
+        entry = {"file": path.name, "synth_seconds": time.perf_counter() - t0}
+        # COMPARE_GEMV="2,2;1,1" also measures GEMV tunings (INFR_GEMV_R, INFR_GEMV_U); the first is "infr".
+        for i, tuning in enumerate(os.environ.get("COMPARE_GEMV", "").split(";")):
+            if tuning:
+                r, u = tuning.split(",")
+                os.environ.update(INFR_GEMV_R=r, INFR_GEMV_U=u)
+            key = "infr" if i == 0 else f"infr_gemv{tuning.replace(',', '_')}"
             try:
                 entry[key] = infr_side(path)
             except Exception as e:  # report and go on to llama.cpp
                 entry[key] = {"error": repr(e)}
         print(json.dumps({ref: entry}, indent=1), flush=True)
         try:
-            entry["llama_server"] = llama_side(path, n_vocab)
+            entry["llama_server"] = llama_side(path)
         except Exception as e:  # keep infr's numbers
             entry["llama_server"] = {"error": repr(e)}
-        i, l_ = entry["infr"], entry["llama_server"]
-        if "tg128" in i and "tg128" in l_:
-            entry["ratio_tg128"] = i["tg128"]["avg_ts"] / l_["tg128"]["avg_ts"]
-            entry["ratio_pp512"] = i["pp512"]["avg_ts"] / l_["pp512"]["avg_ts"]
+        ours, theirs = entry["infr"], entry["llama_server"]
+        entry["ratios"] = {t.name: ours[t.name]["avg_ts"] / theirs[t.name]["avg_ts"]
+                           for t in TESTS if t.name in ours and t.name in theirs}
+        for name, ratio in entry["ratios"].items():
+            if "@" not in name:
+                entry[f"ratio_{name}"] = ratio  # ratio_pp512, ratio_tg128 as before
         results["models"][ref] = entry
         print(json.dumps({ref: entry}, indent=1), flush=True)
         (out_dir / "h200-compare.json").write_text(json.dumps(results, indent=1) + "\n")
