@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from infr import offline
+from infr import cli_store, offline
+from infr import compare as compare_cli
+from infr.serve import server as serve_cli
 from infr.errors import InfrError
 
 # flag -> (INFR_* variable, type, default); flags win over the environment
@@ -49,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", type=int, default=None, help="GPU adapter number from `infr devices` (env INFR_DEVICE)")
     sub.add_parser("models", help="list the offline models infr can fetch by name")
     sub.add_parser("devices", help="list WebGPU adapters (pick one with INFR_DEVICE=N)")
+    cli_store.add_parsers(sub)  # pull, ls, rm
+    serve_cli.add_parser(sub)  # serve (infr/serve/server.py)
+    compare_cli.add_parser(sub)  # compare (infr/compare.py)
     return p
 
 
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, slot, value)
     try:
-        return {"run": cmd_run, "models": cmd_models, "devices": cmd_devices}[args.command](args)
+        return {"run": cmd_run, "models": cmd_models, "devices": cmd_devices, **cli_store.COMMANDS, "serve": serve_cli.cmd_serve, "compare": compare_cli.cmd_compare}[args.command](args)
     except InfrError as e:
         if os.environ.get("INFR_DEBUG"):
             raise

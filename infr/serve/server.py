@@ -1,0 +1,69 @@
+"""`infr serve`: options (flags win over INFR_* variables) and the uvicorn process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from infr.errors import InfrError
+
+# flag -> (INFR_* variable, type, default)
+SERVE_OPTIONS = {
+    "host": ("INFR_HOST", str, "127.0.0.1"),
+    "port": ("INFR_PORT", int, 8080),
+    "api_key": ("INFR_API_KEY", str, None),
+    "ctx": ("INFR_CTX", int, 4096),
+    "parallel": ("INFR_PARALLEL", int, 1),
+    "backend": ("INFR_BACKEND", str, "auto"),
+    "alias": ("INFR_MODEL_ALIAS", str, None),
+}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                       description="MODEL as for `infr run` (default: the default offline model).")
+    p.add_argument("model", nargs="?", help="model to serve (env INFR_MODEL)")
+    for name, (env, typ, default) in SERVE_OPTIONS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"(env {env}; default {default})")
+    p.add_argument("--device", type=int, default=None, help="GPU adapter number (env INFR_DEVICE)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace):
+    from infr.serve.service import Config
+
+    opts = {}
+    for name, (env, typ, default) in SERVE_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is None and os.environ.get(env) not in (None, ""):
+            try:
+                value = typ(os.environ[env])
+            except ValueError:
+                raise InfrError(f"{env}={os.environ[env]!r} is not a valid {typ.__name__}") from None
+        opts[name] = default if value is None else value
+    if opts["parallel"] < 1:
+        raise InfrError(f"--parallel must be >= 1, got {opts['parallel']}")
+    if opts["ctx"] < 16:
+        raise InfrError(f"--ctx must be >= 16, got {opts['ctx']}")
+    if not 0 <= opts["port"] <= 65535:
+        raise InfrError(f"--port must be 0..65535, got {opts['port']}")
+    model = args.model or os.environ.get("INFR_MODEL") or None
+    return Config(model=model, host=opts["host"], port=opts["port"], api_key=opts["api_key"], ctx=opts["ctx"],
+                  parallel=opts["parallel"], backend=opts["backend"], model_alias=opts["alias"])
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from infr.serve.app import create_app
+    except ImportError as e:
+        raise InfrError(f"`infr serve` needs the serve extra: pip install 'infr[serve]' ({e})") from None
+    if getattr(args, "device", None) is not None:
+        os.environ["INFR_DEVICE"] = str(args.device)
+    config = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="infr: %(message)s")
+    app = create_app(config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=3)
+    return 0

@@ -1,0 +1,294 @@
+"""The served model: loading, turning validated requests into generation jobs, running them
+on slots in worker threads, and the OpenAI response shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from infr.errors import InfrError
+from infr.sampling import SamplingError, SamplingParams
+from infr.serve import generation
+from infr.serve.errors import APIError
+from infr.serve.grammar import Grammars, tool_call_schema
+from infr.serve.output import ChatOutput
+from infr.serve.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, check_unsupported, stop_list
+from infr.serve.slots import Metrics, SlotPool
+from infr.serve.tools import FORCED_PREFIX, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
+
+log = logging.getLogger("infr.serve")
+
+
+@dataclass
+class Config:
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    ctx: int = 4096
+    parallel: int = 1
+    backend: str = "auto"
+    model_alias: str | None = None
+
+
+@dataclass
+class Prepared:
+    job: generation.Job
+    output: ChatOutput | None  # chat only
+    max_tokens: int
+
+
+class Service:
+    def __init__(self, config: Config):
+        self.config = config
+        self.model = None
+        self.pool: SlotPool | None = None
+        self.grammars: Grammars | None = None
+        self.metrics = Metrics()
+        self.load_error: str | None = None
+        self.model_id = config.model_alias or (config.model or "default")
+        self.names: set[str] = {self.model_id}
+        self.created = int(time.time())
+        self.executor: ThreadPoolExecutor | None = None
+        self._lifespans = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---------------------------------------------------------------- loading
+
+    def start_workers(self) -> None:
+        """One worker thread per slot; an app may run several lifespans over one service."""
+        self._lifespans += 1
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=self.config.parallel, thread_name_prefix="infr-slot")
+
+    def stop_workers(self) -> None:
+        self._lifespans -= 1
+        if self._lifespans == 0 and self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = None
+
+    def load(self) -> None:
+        """Blocking: resolve and load the model, build the slots."""
+        from infr import store
+        from infr.engine import Model
+
+        resolve = getattr(store, "resolve_or_pull", store.resolve)
+        path = Path(resolve(self.config.model))
+        t0 = time.perf_counter()
+        model = Model(path, n_ctx=self.config.ctx, backend=self.config.backend)
+        self.pool = SlotPool(model, self.config.parallel)
+        self.grammars = Grammars(model.tokenizer, model.spec.n_vocab)
+        self.names |= {path.name, path.stem, str(path)}
+        if self.config.model:
+            self.names.add(self.config.model)
+        self.model = model
+        note = f" ({model.backend_note})" if model.backend_note else ""
+        log.info("loaded %s on %s in %.1fs%s; %d slot(s)%s", path.name, model.backend_name,
+                 time.perf_counter() - t0, note, self.config.parallel,
+                 ", sharing one KV cache" if self.pool.shared else "")
+
+    @property
+    def ready(self) -> bool:
+        return self.model is not None
+
+    def require_model(self, name: str | None) -> None:
+        if self.model is None:
+            raise APIError(503, "the model is still loading" if self.load_error is None
+                           else f"the model failed to load: {self.load_error}")
+        if name is not None and name not in self.names:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
+    # ---------------------------------------------------------------- requests -> jobs
+
+    def _params(self, req: _Sampling) -> SamplingParams:
+        p = SamplingParams()
+        for field, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
+                             ("min_p", req.min_p), ("presence_penalty", req.presence_penalty),
+                             ("frequency_penalty", req.frequency_penalty), ("seed", req.seed),
+                             ("repeat_penalty", req.repetition_penalty or req.repeat_penalty)):
+            if value is not None:
+                setattr(p, field, value)
+        try:
+            return p.validate()
+        except SamplingError as e:
+            raise APIError(400, str(e)) from None
+
+    def _budget(self, prompt_len: int, max_tokens: int | None, field: str) -> int:
+        n_ctx = self.model.n_ctx
+        if prompt_len >= n_ctx:
+            raise APIError(400, f"the prompt has {prompt_len} tokens but the context holds {n_ctx} "
+                                f"(restart with a larger --ctx or send less)", param="messages",
+                           code="context_length_exceeded")
+        if max_tokens is not None and max_tokens > n_ctx:
+            raise APIError(400, f"{field} is too large: {max_tokens}; this model's context holds {n_ctx} tokens",
+                           param=field)
+        room = n_ctx - prompt_len
+        return min(max_tokens, room) if max_tokens is not None else room
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+        check_unsupported(req)
+        self.require_model(req.model)
+        if not req.messages:
+            raise APIError(400, "messages must hold at least one message", param="messages")
+        model, tok = self.model, self.model.tokenizer
+        messages = []
+        for i, m in enumerate(req.messages):
+            d = {k: v for k, v in _plain(m).items() if v is not None}
+            if isinstance(m.content, list):
+                for part in m.content:
+                    if part.type != "text" or part.text is None:
+                        raise APIError(400, f"messages[{i}].content: only text parts are supported, got "
+                                            f"{part.type!r}", param=f"messages[{i}].content")
+            if m.role == "developer":
+                d["role"] = "system"
+            messages.append(d)
+        tools = [_plain(t) for t in req.tools] if req.tools else None
+        choice = req.tool_choice
+        names = {t["function"]["name"] for t in tools or []}
+        forced_name: str | None = None
+        if choice is not None and choice != "auto" and choice != "none" and not tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if not isinstance(choice, str) and choice is not None:
+            forced_name = choice.function.name
+            if forced_name not in names:
+                raise APIError(400, f"tool_choice names {forced_name!r}, which is not among the tools "
+                                    f"({', '.join(sorted(names))})", param="tool_choice")
+        use_tools = bool(tools) and choice != "none"
+        forced = use_tools and (choice == "required" or forced_name is not None)
+        source = model.template.source
+        dialect = pick_dialect(source)
+        if use_tools and not template_knows_tools(source):
+            note = TOOL_SYSTEM_NOTE.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+            messages = [{"role": "system", "content": note}] + messages
+        try:
+            text = model.template.render(messages, add_generation_prompt=True, tools=tools if use_tools else None)
+        except InfrError as e:
+            raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+        prompt = tok.encode(text, add_special=True, parse_special=True)
+        forced_ids: list[int] = []
+        constraint = None
+        if forced:
+            prefix = FORCED_PREFIX[dialect]
+            forced_ids = tok.encode(prefix, add_special=False, parse_special=True) if prefix else []
+            constraint = self.grammars.json_matcher(tool_call_schema(tools, forced_name), where="tools")
+        elif req.response_format is not None and req.response_format.type != "text":
+            rf = req.response_format
+            if rf.type == "json_schema":
+                if rf.json_schema is None or rf.json_schema.schema is None:
+                    raise APIError(400, "response_format json_schema needs json_schema.schema",
+                                   param="response_format")
+                constraint = self.grammars.json_matcher(rf.json_schema.schema)
+            else:
+                constraint = self.grammars.json_matcher({"type": "object"})
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
+        max_req = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        budget = self._budget(len(prompt) + len(forced_ids), max_req, field)
+        job = generation.Job(
+            prompt=prompt, params=self._params(req), max_tokens=budget, stops=stop_list(req.stop),
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None, constraint=constraint,
+            forced=forced_ids, cache_prompt=req.cache_prompt,
+        )
+        tool_stream = ToolCallStream(dialect, names, forced_prefix=forced) if use_tools else None
+        think_open = text.rstrip().endswith("<think>")
+        return Prepared(job, ChatOutput(tool_stream, think_open=think_open), budget)
+
+    def prepare_completion(self, req: CompletionRequest) -> Prepared:
+        check_unsupported(req)
+        self.require_model(req.model)
+        tok = self.model.tokenizer
+        p = req.prompt
+        if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+            prompt = list(p)
+            bad = [x for x in prompt if not 0 <= x < tok.n_vocab]
+            if bad:
+                raise APIError(400, f"prompt token {bad[0]} is outside the vocabulary (0..{tok.n_vocab - 1})",
+                               param="prompt")
+        else:
+            if isinstance(p, list):
+                if len(p) != 1 or not isinstance(p[0], str):
+                    raise APIError(400, "prompt must be a string, one string in a list, or a list of token ids "
+                                        "(one prompt per request)", param="prompt")
+                p = p[0]
+            prompt = tok.encode(p, add_special=True, parse_special=True)
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        budget = self._budget(len(prompt), req.max_tokens if req.max_tokens is not None else 16, "max_tokens")
+        job = generation.Job(prompt=prompt, params=self._params(req), max_tokens=budget,
+                             stops=stop_list(req.stop), logprobs=req.logprobs, cache_prompt=req.cache_prompt)
+        return Prepared(job, None, budget)
+
+    # ---------------------------------------------------------------- running
+
+    async def events(self, job: generation.Job) -> AsyncIterator[tuple[str, object]]:
+        """("text", {"text", "logprobs"}) events, then ("done", Outcome). Leaving early (a client
+        that disconnected) cancels the generation; the slot frees when its thread stops."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        pool = self.pool
+        slot = await pool.acquire(job.prompt)
+        tok = self.model.tokenizer
+
+        def work() -> generation.Outcome:
+            with slot.backend_lock:
+                if pool.shared:
+                    slot.claim_cache()
+                return generation.run(slot.session, tok, job,
+                                      lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ("text", ev)))
+
+        def done(fut) -> None:
+            exc = fut.exception()
+            if exc is None:
+                self.metrics.finished(fut.result())
+            else:
+                slot.session.reset()  # the cache may hold a half-written step
+            task = loop.create_task(pool.release(slot))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            queue.put_nowait(("done", fut))
+
+        try:
+            fut = loop.run_in_executor(self.executor, work)
+        except BaseException:
+            await pool.release(slot)
+            raise
+        fut.add_done_callback(done)
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "done":
+                    exc = value.exception()
+                    if exc is not None:
+                        log.error("generation failed: %s: %s", type(exc).__name__, exc)
+                        msg = str(exc) if isinstance(exc, InfrError) else f"{type(exc).__name__}: {exc}"
+                        raise APIError(500, f"generation failed: {msg}")
+                    yield "done", value.result()
+                    return
+                yield kind, value
+        finally:
+            job.cancel.set()  # no-op when finished; stops the thread when the client left
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def usage(outcome: generation.Outcome) -> dict:
+    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": outcome.reused_tokens}}
+
+
+def _plain(obj) -> dict:
+    import msgspec
+
+    return msgspec.to_builtins(obj)

@@ -1,0 +1,164 @@
+"""Tool calls: the model's own dialect in the prompt, parsed back into OpenAI `tool_calls`.
+
+Dialects (picked from the chat template's text):
+- hermes (Qwen2.5, Hermes, Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+- llama3: the whole reply is `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`)
+- gemma: a fenced `tool_code` block holding `name(arg=value, ...)`
+Every dialect also accepts a reply that is one bare JSON call naming a known tool, which small
+models often write instead of their tags.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import uuid
+from dataclasses import dataclass
+
+from infr.serve.text import TagSplitter
+
+DIALECT_TAGS = {"hermes": ("<tool_call>", "</tool_call>"), "gemma": ("```tool_code", "```"),
+                "llama3": ("<|python_tag|>", "\n\n\n")}  # llama3's tag is rarely closed; see finish()
+# Text the server writes for the model when a call is forced (tool_choice required / named).
+FORCED_PREFIX = {"hermes": "<tool_call>\n", "llama3": "", "gemma": ""}
+
+# For templates that never mention tools: a Hermes-style system note so the model knows them.
+TOOL_SYSTEM_NOTE = (
+    "You may call functions. The available tools, as JSON schemas:\n<tools>\n{tools}\n</tools>\n"
+    "To call one, reply with <tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    "</tool_call>"
+)
+
+
+def pick_dialect(template_source: str) -> str:
+    if "<tool_call>" in template_source:
+        return "hermes"
+    if "<|python_tag|>" in template_source or "ipython" in template_source:
+        return "llama3"
+    if "tool_code" in template_source:
+        return "gemma"
+    return "hermes"
+
+
+def template_knows_tools(template_source: str) -> bool:
+    return "tools" in template_source
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = "call_" + uuid.uuid4().hex[:24]
+
+    def to_openai(self, index: int | None = None) -> dict:
+        d = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            d["index"] = index
+        return d
+
+
+def parse_json_call(text: str, names: set[str] | None = None) -> ParsedCall | None:
+    """A call from `{"name": ..., "arguments"|"parameters": {...}}`; None when it is not one."""
+    text = text.strip()
+    if text.startswith("```"):  # some models fence their JSON
+        text = text.strip("`").removeprefix("json").strip()
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def parse_python_call(text: str, names: set[str] | None = None) -> ParsedCall | None:
+    """Gemma's `name(a=1, b="x")`: keyword arguments with literal values only."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    if names is not None and node.func.id not in names:
+        return None
+    try:
+        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+    except ValueError:
+        return None
+    return ParsedCall(node.func.id, json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallStream:
+    """Turns released text into ("content", text) and ("call", ParsedCall) events."""
+
+    def __init__(self, dialect: str, names: set[str], forced_prefix: bool = False):
+        self.dialect = dialect
+        self.names = names
+        open_tag, close_tag = DIALECT_TAGS[dialect]
+        # A forced call starts inside the tag the server already wrote.
+        self.tags = TagSplitter(open_tag, close_tag, buffer_inside=True, start_inside=forced_prefix and dialect == "hermes")
+        self.forced = forced_prefix
+        self.mode: str | None = "tags" if forced_prefix and dialect == "hermes" else None  # None: undecided
+        self.pending = ""  # text held while undecided or in bare-JSON mode
+        self.calls = 0
+
+    def push(self, text: str) -> list[tuple[str, object]]:
+        if self.mode is None:
+            self.pending += text
+            head = self.pending.lstrip()
+            if not head:
+                return []
+            # A reply that opens with "{" may be a bare JSON call: hold it to the end.
+            self.mode = "json" if head.startswith("{") or self.forced else "tags"
+            text, self.pending = self.pending, ""
+            if self.mode == "json":
+                self.pending = text
+                return []
+        if self.mode == "json":
+            self.pending += text
+            return []
+        return self._convert(self.tags.push(text))
+
+    def finish(self) -> list[tuple[str, object]]:
+        if self.mode in (None, "json"):
+            text, self.pending = self.pending, ""
+            call = parse_json_call(text, self.names) or parse_json_call(text)
+            if call is not None:
+                self.calls += 1
+                return [("call", call)]
+            return [("content", text)] if text else []
+        return self._convert(self.tags.flush())
+
+    def _convert(self, pieces: list[tuple[str, str]]) -> list[tuple[str, object]]:
+        out: list[tuple[str, object]] = []
+        open_tag, close_tag = DIALECT_TAGS[self.dialect]
+        for kind, text in pieces:
+            if kind == "out":
+                out.append(("content", text))
+                continue
+            body = text
+            if self.dialect == "gemma":
+                call = parse_python_call(body, self.names) or parse_json_call(body)
+            else:
+                call = parse_json_call(body)
+            if call is not None:
+                self.calls += 1
+                out.append(("call", call))
+            else:  # not a call after all: give the text back verbatim
+                tail = close_tag if kind == "close" else ""
+                out.append(("content", open_tag + body + tail))
+        return out

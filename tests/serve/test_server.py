@@ -1,0 +1,148 @@
+"""A real `python -m infr serve` process on 127.0.0.1: openai sync + async, 16 concurrent
+streams, disconnects freeing their slot, and a corpus of bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.serve.conftest import API_KEY
+
+PROMPTS = ["Name a fruit.", "Name a country.", "Name an animal.", "Say hello."]
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert m, f"{name} missing from /metrics"
+    return float(m.group(1))
+
+
+def _metrics(base: str) -> str:
+    return httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+
+
+def test_sync_client_against_process(server):
+    client = openai.OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["smol"]
+    kw = dict(model="smol", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=10, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert full and streamed == full
+
+
+def test_sixteen_concurrent_streams(server):
+    client = openai.OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
+    expected = {p: client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": p}], max_tokens=8, temperature=0,
+        extra_body={"cache_prompt": False}).choices[0].message.content for p in PROMPTS}
+
+    async def one(aclient, prompt):
+        stream = await aclient.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0, stream=True,
+            extra_body={"cache_prompt": False})
+        return prompt, "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0, timeout=300) as a:
+            return await asyncio.gather(*(one(a, PROMPTS[i % 4]) for i in range(16)))
+
+    results = asyncio.run(main())
+    assert len(results) == 16
+    for prompt, text in results:
+        assert text == expected[prompt]
+    m = _metrics(server)
+    assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_requests_waiting") == 0
+
+
+def test_disconnect_cancels_and_frees_slot(server):
+    before = _metric(_metrics(server), "infr_requests_cancelled_total")
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Tell a very long story."}],
+            "max_tokens": 600, "temperature": 0.8, "stream": True}
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]  # a few chunks, then hang up
+            assert any(line.startswith("data: ") for line in got)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = _metrics(server)
+        if _metric(m, "infr_requests_cancelled_total") > before and _metric(m, "infr_slots_busy") == 0:
+            break
+        time.sleep(0.2)
+    assert _metric(m, "infr_requests_cancelled_total") == before + 1
+    assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_slots_idle") == 4
+
+
+def _chat(**extra):
+    return {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+BAD = [
+    # (name, method, path, body (dict, bytes or None), headers, status, words in the message)
+    ("no key", "POST", "/v1/chat/completions", _chat(), {}, 401, "missing api key"),
+    ("wrong key", "POST", "/v1/chat/completions", _chat(), {"Authorization": "Bearer nope"}, 401, "invalid api key"),
+    ("garbage bytes", "POST", "/v1/chat/completions", b"\x00\xff{garbage", AUTH, 400, "not valid json"),
+    ("not an object", "POST", "/v1/chat/completions", b"[1, 2]", AUTH, 400, "expected `object`"),
+    ("missing messages", "POST", "/v1/chat/completions", {"model": "smol"}, AUTH, 400, "messages"),
+    ("wrong type", "POST", "/v1/chat/completions", _chat(max_tokens="ten"), AUTH, 400, "max_tokens"),
+    ("bad role", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "wizard", "content": "x"}]}, AUTH, 400, "messages[0].role"),
+    ("content type", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": 42}]}, AUTH, 400, "messages[0].content"),
+    ("image part", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, AUTH, 400,
+     "only text parts"),
+    ("empty messages", "POST", "/v1/chat/completions", {"messages": []}, AUTH, 400, "at least one message"),
+    ("huge max_tokens", "POST", "/v1/chat/completions", _chat(max_tokens=10**9), AUTH, 400, "max_tokens is too large"),
+    ("max_tokens overflow", "POST", "/v1/chat/completions", _chat(max_tokens=10**20), AUTH, 400, "max_tokens"),
+    ("zero max_tokens", "POST", "/v1/chat/completions", _chat(max_tokens=0), AUTH, 400, "max_tokens"),
+    ("temperature range", "POST", "/v1/chat/completions", _chat(temperature=9), AUTH, 400, "temperature"),
+    ("n > 1", "POST", "/v1/chat/completions", _chat(n=3), AUTH, 400, "unsupported field(s): n"),
+    ("logit_bias", "POST", "/v1/chat/completions", _chat(logit_bias={"1": 5}), AUTH, 400, "logit_bias"),
+    ("unknown model", "POST", "/v1/chat/completions", _chat(model="nope"), AUTH, 404, "'nope' does not exist"),
+    ("invalid schema", "POST", "/v1/chat/completions",
+     _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}), AUTH, 400,
+     "invalid"),
+    ("bad response_format", "POST", "/v1/chat/completions", _chat(response_format={"type": "yaml"}), AUTH, 400,
+     "response_format"),
+    ("tool_choice without tools", "POST", "/v1/chat/completions", _chat(tool_choice="required"), AUTH, 400,
+     "tool_choice needs tools"),
+    ("top_logprobs alone", "POST", "/v1/chat/completions", _chat(top_logprobs=2), AUTH, 400, "needs logprobs"),
+    ("prompt too long", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "word " * 2000}]}, AUTH, 400, "context holds 1024"),
+    ("stop type", "POST", "/v1/chat/completions", _chat(stop=5), AUTH, 400, "stop"),
+    ("completion token out of vocab", "POST", "/v1/completions", {"prompt": [10**7]}, AUTH, 400, "vocabulary"),
+    ("unknown route", "GET", "/v1/nothing", None, AUTH, 404, "no such endpoint"),
+    ("wrong method", "GET", "/v1/chat/completions", None, AUTH, 405, "not allowed"),
+    ("detokenize bad id", "POST", "/detokenize", {"tokens": [-1]}, AUTH, 400, "tokens"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_requests(server, case):
+    name, method, path, body, headers, status, words = case
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+    if isinstance(body, bytes):
+        headers = {**headers, "Content-Type": "application/json"}
+    r = httpx.request(method, server + path, headers=headers, timeout=30, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert words.lower() in err["message"].lower(), err
+    assert err["type"] and "code" in err
+    # the server still answers
+    assert httpx.get(server + "/health").status_code == 200
+
+
+def test_health_open_and_alive_after_corpus(server):
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+    r = httpx.post(server + "/v1/chat/completions", json=_chat(), headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    assert _metric(_metrics(server), 'infr_errors_total{status="400"}') >= 10
