@@ -86,7 +86,7 @@ class Session:
         n_ctx = self.model.n_ctx
         if len(ids) > n_ctx:
             raise InfrError(f"prompt has {len(ids)} tokens but the context holds {n_ctx} (use --ctx)")
-        keep = _common_prefix(self.tokens, ids)
+        keep = common_prefix(self.tokens, ids)
         keep = min(keep, len(ids) - 1)  # at least one token runs, to produce logits
         t0 = time.perf_counter()
         logits = self.model.backend.forward(ids[keep:], keep)[-1]
@@ -125,7 +125,8 @@ class Session:
             self.stats.generate_seconds += time.perf_counter() - t0
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (the KV cache reuse rule)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

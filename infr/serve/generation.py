@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infr.engine import common_prefix
 from infr.sampling import Sampler, SamplingParams, log_softmax, top_logprobs
 from infr.serve.text import StopFilter
 
@@ -61,7 +62,7 @@ def run(session, tokenizer, job: Job, emit: Callable[[dict], None]) -> Outcome:
     if not job.cache_prompt:
         session.reset()
     t0 = time.perf_counter()
-    before = _common(session.tokens, job.prompt + job.forced)
+    before = common_prefix(session.tokens, job.prompt + job.forced)
     logits = session.prefill(job.prompt + job.forced)
     out.reused_tokens = min(before, len(job.prompt) + len(job.forced) - 1)
     con = job.constraint
@@ -110,11 +111,3 @@ def run(session, tokenizer, job: Job, emit: Callable[[dict], None]) -> Outcome:
     if t_first is not None:
         out.gen_seconds = time.perf_counter() - t_first
     return out
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

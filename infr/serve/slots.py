@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infr.engine import Session
+from infr.engine import Session, common_prefix
 
 
 class _Serialised:
@@ -111,7 +111,7 @@ class SlotPool:
             finally:
                 self.waiting -= 1
             idle = [s for s in self.slots if not s.busy]
-            best = max(idle, key=lambda s: (_common(s.session.tokens, prompt), -s.index))
+            best = max(idle, key=lambda s: (common_prefix(s.session.tokens, prompt), -s.index))
             best.busy = True
             return best
 
@@ -124,14 +124,6 @@ class SlotPool:
     @property
     def busy(self) -> int:
         return sum(s.busy for s in self.slots)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Metrics:
