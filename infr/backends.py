@@ -32,11 +32,12 @@ def choose_backend(name: str) -> tuple[str, str | None]:
     return "gpu", None
 
 
-def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int):
+def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None):
+    """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
         return CPUBackend(gf, plan, n_ctx)
     from infr.gpu.backend import GPUBackend
 
-    return GPUBackend(gf, plan, n_ctx)
+    return GPUBackend(gf, plan, n_ctx, progress=progress)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -35,6 +36,7 @@ class Stats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     reused_tokens: int = 0
+    gpu_loop: dict | None = None  # the GPU-resident loop's numbers (infr/gpu/decode.py), when it ran
 
     def line(self) -> str:
         def rate(n: int, s: float) -> str:
@@ -48,7 +50,7 @@ class Stats:
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto"):
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -64,7 +66,8 @@ class Model:
             raise InfrError(f"context size must be positive, got {n_ctx}")
         self.n_ctx = n_ctx
         self.backend_name, self.backend_note = choose_backend(backend)
-        self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx)
+        # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
+        self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress)
 
     def session(self) -> "Session":
         return Session(self)
@@ -112,6 +115,9 @@ class Session:
         logits = self.prefill(prompt)
         t0 = time.perf_counter()
         try:
+            if hasattr(self.model.backend, "decode_stream") and self.model.backend.can_sample(params):
+                yield from self._generate_resident(logits, params, max_new)  # sampled on the GPU
+                return
             for i in range(max_new):
                 token = sampler.sample(logits, self.tokens)
                 if self.model.tokenizer.is_eog(token):
@@ -123,6 +129,26 @@ class Session:
                 logits = self.decode(token)
         finally:
             self.stats.generate_seconds += time.perf_counter() - t0
+
+    def _generate_resident(self, logits: np.ndarray, params: SamplingParams, max_new: int) -> Iterator[int]:
+        """generate() on the GPU-resident loop (infr/gpu/decode.py), with the host loop's
+        rule for `tokens`: a token joins them once the model has run it (all but the last of n)."""
+        n = min(max_new, self.model.n_ctx - len(self.tokens) + 1)
+        last = None
+        with closing(self.model.backend.decode_stream(logits, self.tokens, n, params)) as stream:
+            try:
+                for j, token in enumerate(stream):
+                    if self.model.tokenizer.is_eog(token):
+                        break
+                    if last is not None:
+                        self.tokens.append(last[0])
+                    self.stats.generated_tokens += 1
+                    yield token
+                    last = (token, j)
+            finally:
+                self.stats.gpu_loop = self.model.backend.resident().last
+        if last is not None and last[1] < n - 1:
+            self.tokens.append(last[0])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

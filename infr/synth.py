@@ -371,15 +371,28 @@ def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
     return _uniform(seed, t.name, 0, n, BIAS_STD * math.sqrt(3.0))
 
 
+def _chunk_bounds(t: _TensorPlan) -> list[tuple[int, int]]:
+    """(chunk number, rows) of each fixed row chunk of a matrix."""
+    rows, cols = t.shape
+    per_chunk = max(1, CHUNK_ELEMENTS // cols)
+    return [(c, min(per_chunk, rows - start)) for c, start in enumerate(range(0, rows, per_chunk))]
+
+
+def _chunk_values(t: _TensorPlan, seed: int, c: int, n: int) -> np.ndarray:
+    cols = t.shape[1]
+    return _uniform(seed, t.name, c, n * cols, math.sqrt(3.0 / cols)).reshape(n, cols)
+
+
 def _matrix_chunks(t: _TensorPlan, seed: int) -> Iterator[np.ndarray]:
     """Rows in fixed chunks; each value has std 1/sqrt(row length), so every
     matmul keeps its input's scale and activations stay O(1) in any depth."""
-    rows, cols = t.shape
-    half_width = math.sqrt(3.0 / cols)
-    per_chunk = max(1, CHUNK_ELEMENTS // cols)
-    for c, start in enumerate(range(0, rows, per_chunk)):
-        n = min(per_chunk, rows - start)
-        yield _uniform(seed, t.name, c, n * cols, half_width).reshape(n, cols)
+    for c, n in _chunk_bounds(t):
+        yield _chunk_values(t, seed, c, n)
+
+
+def _encoded_chunk(job: tuple) -> bytes:
+    t, seed, c, n = job
+    return np.ascontiguousarray(encode(_chunk_values(t, seed, c, n), t.qtype)).tobytes()
 
 
 class _StreamedTensor:
@@ -387,13 +400,16 @@ class _StreamedTensor:
     tofile) but encodes one row chunk at a time, so an 8B model never sits in
     memory as float32."""
 
-    def __init__(self, t: _TensorPlan, seed: int):
-        self.t, self.seed = t, seed
+    def __init__(self, t: _TensorPlan, seed: int, pool=None):
+        self.t, self.seed, self.pool = t, seed, pool
         self.nbytes = tensor_nbytes(t)
 
     def tofile(self, f) -> None:
-        for chunk in _matrix_chunks(self.t, self.seed):
-            np.ascontiguousarray(encode(chunk, self.t.qtype)).tofile(f)
+        jobs = [(self.t, self.seed, c, n) for c, n in _chunk_bounds(self.t)]
+        # Chunks are independent (each seeds its own generator): encoded in
+        # parallel where there are cores, written in order, same bytes.
+        for data in (self.pool.map(_encoded_chunk, jobs) if self.pool else map(_encoded_chunk, jobs)):
+            f.write(data)
 
 
 def tensor_nbytes(t: _TensorPlan) -> int:
@@ -467,6 +483,7 @@ def write_gguf(spec: SynthSpec, path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     plans = tensor_plans(spec)
     w = GGUFWriter(path, spec.arch)
+    pool = _pool() if sum(tensor_nbytes(t) for t in plans) > 1 << 28 else None
     try:
         _add_metadata(w, spec)
         for t in plans:
@@ -476,13 +493,27 @@ def write_gguf(spec: SynthSpec, path: str | Path, seed: int = 0) -> Path:
         w.write_ti_data_to_file()
         for t in plans:
             if t.kind == "matrix":
-                data = _StreamedTensor(t, seed)
+                data = _StreamedTensor(t, seed, pool)
             else:
                 data = _vector_values(spec, t, seed)
             w.write_tensor_data(data, tensor_endianess=GGUFEndian.LITTLE)  # type: ignore[arg-type]
     finally:
         w.close()
+        if pool is not None:
+            pool.shutdown()
     return path
+
+
+def _pool():
+    """Worker processes for encoding big models (the H200 host has 16 cores), or None."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n < 4 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
 
 
 def reference_weights(spec: SynthSpec, name: str, seed: int = 0) -> np.ndarray:

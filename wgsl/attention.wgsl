@@ -19,19 +19,10 @@
 // and the groups' sums are added at the end. head_dim % 8 == 0 and
 // v_head_dim % 4 == 0 (the host checks).
 
-struct Params {
-    n_heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    v_head_dim: u32,
-    scale: f32,
-    window: u32,   // 0 = no sliding window
-    softcap: f32,  // 0 = none
-}
+// #include attn_common
 
 const WG: u32 = 256u;
 const MAX_D: u32 = 512u;            // head_dim and v_head_dim bound (the host checks)
-const NEG_BIG: f32 = -3.0e38;       // finite "minus infinity": no inf - inf anywhere
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -45,18 +36,6 @@ var<workgroup> red_m: array<f32, WG>;
 var<workgroup> red_l: array<f32, WG>;
 var<workgroup> probs: array<f32, WG>;
 var<workgroup> red_v: array<vec4<f32>, WG>;
-
-fn f16_round(v: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
-}
-
-fn tanh_safe(v: f32) -> f32 {
-    return tanh(clamp(v, -9.0, 9.0));
-}
-
-fn halves(w: u32) -> vec2<f32> {
-    return unpack2x16float(w);
-}
 
 // Scaled (and soft-capped) q . k for the key at position j of kv head kvh.
 fn score(j: u32, kvh: u32) -> f32 {
@@ -76,8 +55,16 @@ fn score(j: u32, kvh: u32) -> f32 {
     return r;
 }
 
+// KV_MAX > 0: the graph also holds split-K attention, which takes batches
+// whose last token sees more than KV_MAX keys; this kernel then does nothing
+// (the choice is made per step from `state`, as the length is only known there).
+const KV_MAX: u32 = {{KV_MAX}}u;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    if (KV_MAX > 0u && state[0] + state[1] > KV_MAX) {
+        return;
+    }
     let h = wid.x;
     let t = wid.y;
     let kvh = h / (params.n_heads / params.kv_heads);

@@ -15,3 +15,9 @@ fn block_dot(wb: u32, xo: u32) -> f32 {
 fn block_value(wb: u32, i: u32) -> f32 {
     return rd_f16(wb + 2u * i);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0), for kernels that stage whole tiles (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let j = (wb >> 2u) + (i >> 1u);
+    return vec4<f32>(unpack2x16float(w[j]), unpack2x16float(w[j + 1u]));
+}

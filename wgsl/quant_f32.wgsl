@@ -14,3 +14,9 @@ fn block_dot(wb: u32, xo: u32) -> f32 {
 fn block_value(wb: u32, i: u32) -> f32 {
     return bitcast<f32>(w[(wb >> 2u) + i]);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0), for kernels that stage whole tiles (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let j = (wb >> 2u) + i;
+    return bitcast<vec4<f32>>(vec4<u32>(w[j], w[j + 1u], w[j + 2u], w[j + 3u]));
+}

@@ -18,3 +18,8 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let b = rd_u8(wb + 2u + (i & 15u)) >> (4u * (i >> 4u));
     return rd_f16(wb) * IQ4_TABLE[b & 0xFu];
 }
+
+// Values i .. i+3 of the block (i % 4 == 0): one word of nibbles, for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    return rd_f16(wb) * iq4_lookup(rd_u32(wb + 2u + (i & 15u)), 4u * (i >> 4u));
+}

@@ -33,3 +33,11 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let q = (rd_u8(wb + 8u + 16u * b + (j & 15u)) >> (4u * (j >> 4u))) & 0xFu;
     return rd_f16(wb) * iq4xs_scale(wb, b) * IQ4_TABLE[q];
 }
+
+// Values i .. i+3 of the block (i % 4 == 0; one sub-block), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let b = i >> 5u;
+    let j = i & 31u;
+    let q = iq4_lookup(rd_u32(wb + 8u + 16u * b + (j & 15u)), 4u * (j >> 4u));
+    return rd_f16(wb) * iq4xs_scale(wb, b) * q;
+}

@@ -31,3 +31,10 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let sc = rd_u8(wb + (i >> 4u));
     return rd_f16(wb + 80u) * f32(sc & 0xFu) * f32(q) - rd_f16(wb + 82u) * f32(sc >> 4u);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0; one scale group), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let q = bits4(rd_u32(wb + 16u + 32u * (i >> 7u) + (i & 31u)), 2u * ((i >> 5u) & 3u), 3u);
+    let sc = rd_u8(wb + (i >> 4u));
+    return rd_f16(wb + 80u) * f32(sc & 0xFu) * q - rd_f16(wb + 82u) * f32(sc >> 4u);
+}

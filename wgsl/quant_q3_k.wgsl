@@ -38,3 +38,11 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let h = (rd_u8(wb + l) >> (i >> 5u)) & 1u;
     return rd_f16(wb + 108u) * q3k_scale(wb, i >> 4u) * (f32(q) + 4.0 * f32(h) - 4.0);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0; one scale group), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let l = i & 31u;
+    let q = bits4(rd_u32(wb + 32u + 32u * (i >> 7u) + l), 2u * ((i >> 5u) & 3u), 3u);
+    let h = bits4(rd_u32(wb + l), i >> 5u, 1u);
+    return rd_f16(wb + 108u) * q3k_scale(wb, i >> 4u) * (q + 4.0 * h - 4.0);
+}

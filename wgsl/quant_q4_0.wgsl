@@ -18,3 +18,9 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let b = rd_u8(wb + 2u + (i & 15u)) >> (4u * (i >> 4u));
     return rd_f16(wb) * (f32(b & 0xFu) - 8.0);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0): one word of nibbles, for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let q = bits4(rd_u32(wb + 2u + (i & 15u)), 4u * (i >> 4u), 0xFu);
+    return rd_f16(wb) * (q - 8.0);
+}

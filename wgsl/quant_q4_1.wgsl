@@ -22,3 +22,9 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let b = rd_u8(wb + 4u + (i & 15u)) >> (4u * (i >> 4u));
     return rd_f16(wb) * f32(b & 0xFu) + rd_f16(wb + 2u);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0): one word of nibbles, for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let q = bits4(rd_u32(wb + 4u + (i & 15u)), 4u * (i >> 4u), 0xFu);
+    return rd_f16(wb) * q + rd_f16(wb + 2u);
+}

@@ -26,3 +26,10 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let h = (rd_u32(wb + 4u) >> i) & 1u;
     return rd_f16(wb) * f32(b | (h << 4u)) + rd_f16(wb + 2u);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let q = bits4(rd_u32(wb + 8u + (i & 15u)), 4u * (i >> 4u), 0xFu);
+    let h = vec4<f32>((vec4<u32>(rd_u32(wb + 4u) >> i) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u));
+    return rd_f16(wb) * (q + 16.0 * h) + rd_f16(wb + 2u);
+}

@@ -39,3 +39,12 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let h = (rd_u8(wb + 16u + (i & 31u)) >> s) & 1u;
     return rd_f16(wb) * k_scale(ks, s) * f32(q | (h << 4u)) - rd_f16(wb + 2u) * k_min(ks, s);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0; one sub-block), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let s = i >> 5u;
+    let ks = k_scales(wb + 4u);
+    let q = bits4(rd_u32(wb + 48u + 32u * (i >> 6u) + (i & 31u)), 4u * (s & 1u), 0xFu);
+    let h = bits4(rd_u32(wb + 16u + (i & 31u)), s, 1u);
+    return rd_f16(wb) * k_scale(ks, s) * (q + 16.0 * h) - rd_f16(wb + 2u) * k_min(ks, s);
+}

@@ -35,3 +35,13 @@ fn block_value(wb: u32, i: u32) -> f32 {
     let hi = (rd_u8(wb + 128u + 32u * n + l) >> (2u * g)) & 3u;
     return rd_f16(wb + 208u) * rd_i8(wb + 192u + (i >> 4u)) * (f32(lo | (hi << 4u)) - 32.0);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0; one scale group), for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    let n = i >> 7u;
+    let g = (i >> 5u) & 3u;
+    let l = i & 31u;
+    let lo = bits4(rd_u32(wb + 64u * n + 32u * (g & 1u) + l), 4u * (g >> 1u), 0xFu);
+    let hi = bits4(rd_u32(wb + 128u + 32u * n + l), 2u * g, 3u);
+    return rd_f16(wb + 208u) * rd_i8(wb + 192u + (i >> 4u)) * (lo + 16.0 * hi - 32.0);
+}

@@ -15,3 +15,8 @@ fn block_dot(wb: u32, xo: u32) -> f32 {
 fn block_value(wb: u32, i: u32) -> f32 {
     return rd_f16(wb) * rd_i8(wb + 2u + i);
 }
+
+// Values i .. i+3 of the block (i % 4 == 0): one word of int8, for tile staging (gemm).
+fn block_value4(wb: u32, i: u32) -> vec4<f32> {
+    return rd_f16(wb) * i8x4(rd_u32(wb + 2u + i));
+}

@@ -59,7 +59,7 @@ class CPUBackend:
     def _run(self, op, env: dict[str, np.ndarray], ids: np.ndarray, pos: np.ndarray) -> None:
         w = self.w
         if isinstance(op, MatMul):
-            y = env[op.src] @ w[op.weight].T
+            y = F.matmul_input(env[op.src], self.gf.tensor(op.weight).qtype) @ w[op.weight].T
             if op.bias:
                 y += w[op.bias]
             env[op.dst] = y

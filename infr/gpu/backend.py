@@ -20,8 +20,11 @@ import numpy as np
 
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
+from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_q8 as KQ
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
@@ -38,7 +41,8 @@ TOKENS_PER_SUBMIT = 8
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None):
+    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
+                 progress=None):
         from infr.cpu.weights import check_supported
 
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
@@ -50,6 +54,8 @@ class GPUBackend:
             check_supported(gf.tensor(name))
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
         self.vram = 0
+        self._progress = progress  # optional callable(stage, done, total): load progress bars (infr/notebook.py)
+        weight_bytes = sum(gf.tensor(n).nbytes for n in plan.weights())
         # Matmuls sharing their input (q, k, v) run as one GEMV over their rows stacked at upload.
         self.stacks = _find_stacks(plan, gf, self.dev.max_binding)
         stacked = {name for names in self.stacks for name in names}
@@ -57,6 +63,7 @@ class GPUBackend:
             tensors = [gf.tensor(n) for n in names]
             self.weights[names] = KM.upload_stacked(self.dev, tensors, label="+".join(names))
             self.vram += sum(t.nbytes for t in tensors)
+            self._report("upload", self.vram, weight_bytes)
         self.stack_bias = {}
         for names, biases in self.stacks.items():
             if any(biases):
@@ -72,7 +79,16 @@ class GPUBackend:
             else:
                 self.weights[name] = [storage(self.dev, np.asarray(t.raw, np.float32), label=name)]
             self.vram += t.nbytes
+            self._report("upload", self.vram, weight_bytes)
         self.widths = _buffer_widths(plan, gf)
+        self._own_state()
+        self._report("graph", 1, 1)
+        self._progress = None  # load only: later shapes build silently
+
+    def _own_state(self) -> None:
+        """What one sequence needs besides the weights: activations, ids and state,
+        the KV cache and the graphs that bind them (the decode graph built now)."""
+        spec, n_ctx = self.plan.spec, self.n_ctx
         self.buffers: dict[str, list] = {}
         for name in self.widths:
             self.buffers[name] = [self._activation(name, 0)]
@@ -89,10 +105,26 @@ class GPUBackend:
         self._graphs: OrderedDict[tuple[int, int], tuple] = OrderedDict()
         self._graph(1, 1)  # the decode graph: built at load
 
+    def fork(self) -> "GPUBackend":
+        """Another sequence over the same uploaded weights: its own KV cache,
+        activations and graphs (a serve slot). `vram` of the fork counts only
+        what it adds. Calls on forks must not overlap (one queue; the serve
+        slots take a lock around each forward pass)."""
+        twin = object.__new__(GPUBackend)
+        for name in ("gf", "plan", "n_ctx", "dev", "kern", "weights", "stacks", "stack_bias", "widths"):
+            setattr(twin, name, getattr(self, name))
+        twin.vram, twin._progress = 0, None
+        twin._own_state()
+        return twin
+
     def _activation(self, name: str, i: int):
         rows = MAX_LOGIT_ROWS if name == "logits" else MAX_BATCH
         self.vram += rows * self.widths[name] * 4
         return storage(self.dev, rows * self.widths[name] * 4, label=f"{name}.{i}")
+
+    def _report(self, stage: str, done: int, total: int) -> None:
+        if getattr(self, "_progress", None) is not None:
+            self._progress(stage, done, total)
 
     # --- execution
 
@@ -189,6 +221,22 @@ class GPUBackend:
             self._step = Recording(body.dispatches + head.dispatches + argmax + [advance])
         return self._step
 
+    def decode_stream(self, logits, context, n: int, params, **kw):
+        """n tokens sampled on the GPU after `context` (in the cache; `logits` its
+        last position's), streamed as they come back (infr/gpu/decode.py)."""
+        return self.resident().stream(logits, context, n, params, **kw)
+
+    def can_sample(self, params) -> bool:
+        """Whether decode_stream runs these sampling settings on the GPU."""
+        return self.resident().supports(params)
+
+    def resident(self):
+        if not hasattr(self, "_resident"):
+            from infr.gpu.decode import ResidentDecoder
+
+            self._resident = ResidentDecoder(self)
+        return self._resident
+
     def _logits_buffer(self, T: int, n_logits: int):
         return self._graphs[(T, n_logits)][3]
 
@@ -204,6 +252,8 @@ class GPUBackend:
         ops = list(self.plan.embed + self.plan.layers)
         i = 0
         while i < len(ops):
+            self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
+            lower.ahead = ops[i + 1] if i + 1 < len(ops) else None
             nxt = ops[i + 1] if i + 1 < len(ops) else None
             fused = lower.gate_up(*ops[i : i + 3]) if _is_gate_up(ops[i : i + 3]) else None
             stack = _stack_at(ops, i)
@@ -212,6 +262,9 @@ class GPUBackend:
                 i += len(stack)
             elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
                 body += fused
+                i += 3
+            elif _is_rope_store(ops[i : i + 3]):  # rope(q), rope(k), kv store in one dispatch
+                body += lower.rope_store(*ops[i : i + 3])
                 i += 3
             elif _is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
                 body += lower.matmul_residual(ops[i], nxt)
@@ -225,7 +278,8 @@ class GPUBackend:
             if n_logits != T:
                 lower.rows = n_logits
                 lower.bind_external("x", self.tail)
-            for op in self.plan.head:
+            for j, op in enumerate(self.plan.head):
+                lower.ahead = self.plan.head[j + 1] if j + 1 < len(self.plan.head) else None
                 head += lower.op(op)
         logits = lower.current("logits") if n_logits else None
         body, head = Recording(body), Recording(head)  # prepared once, re-encoded every call
@@ -248,6 +302,8 @@ class _Lowering:
         self.be, self.k, self.rows = be, be.kern, T
         self.phys = {name: 0 for name in be.buffers}
         self.external: dict[str, object] = {}
+        self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
+        self.q8 = None  # (buffer, K, scratch): whose rounded rows the q8 scratch holds (kernels_q8)
 
     def current(self, name: str):
         if name in self.external:
@@ -265,7 +321,24 @@ class _Lowering:
             self.phys[name] ^= 1
             if len(pair) == 1:  # the second half, made the first time a shape needs it
                 pair.append(self.be._activation(name, 1))
+        if self.q8 is not None and self.q8[0] is pair[self.phys[name]]:
+            self.q8 = None  # overwritten: its rounded rows are stale
         return pair[self.phys[name]]
+
+    def q8_input(self, x, K: int) -> tuple[list[Dispatch], object]:
+        """x rounded for the Q4_K GEMV: the q8 scratch when it already holds x
+        (q, k, v or gate, up after one norm), else a quantize dispatch first."""
+        if self.q8 is not None and self.q8[0] is x and self.q8[1] == K:
+            return [], self.q8[2]
+        d, xq = KQ.quantize_dispatch(self.k, x, K, self.rows)
+        self.q8 = (x, K, xq)
+        return [d], xq
+
+    def _gemv_q8(self, t, x) -> tuple[list[Dispatch], object]:
+        """([], None) unless weight t runs the Q4_K GEMV on this graph's batches."""
+        if KG.use_gemm(self.rows, self.be.dev) or not KQ.takes_q8(t):
+            return [], None
+        return self.q8_input(x, int(t.shape[-1]))
 
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be
@@ -274,24 +347,51 @@ class _Lowering:
         y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
         bias = be.weights[mm.bias][0] if mm.bias else None
         t = be.gf.tensor(mm.weight)
-        return KM.matmul_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
+        if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
+            return KG.gemm_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
+        pre, xq = self._gemv_q8(t, x)
+        return pre + KM.matmul_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid, xq=xq)
 
     def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
         be = self.be
         x = self.current(mms[0].src)
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
-        return KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names), self.rows)
+        if KG.use_gemm(self.rows, self.be.dev):
+            return KG.stacked_gemm_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
+                                              self.rows)
+        pre, xq = self._gemv_q8(tensors[0], x)
+        return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
+                                           self.rows, xq=xq)
 
     def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
         be = self.be
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
-        if not KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+        # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch.
+        if KG.use_gemm(self.rows, self.be.dev) or not KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
         y = self.target(act.dst, mg.src)
-        return KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows)
+        pre, xq = self._gemv_q8(tg, x)
+        return pre + KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq)
+
+    def rope_store(self, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch]:
+        be, r = self.be, rq.rope
+        a = be.plan.spec.layers[st.layer].attention
+        factors = be.weights[r.freq_factors][0] if r.freq_factors else None
+        return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
+                                    be.k_cache[st.layer], be.v_cache[st.layer], be.state, rq.n_heads, rk.n_heads,
+                                    a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style, self.rows,
+                                    factors=factors)]
+
+    def _feeds_gemv_q8(self, norm: RMSNorm) -> bool:
+        """A plain norm whose output the next op multiplies in the Q4_K GEMV."""
+        nxt, width = self.ahead, self.be.widths[norm.src]
+        return (
+            norm.group in (None, width) and width % 256 == 0 and not KG.use_gemm(self.rows, self.be.dev)
+            and isinstance(nxt, MatMul) and nxt.src == norm.dst and KQ.takes_q8(self.be.gf.tensor(nxt.weight))
+        )
 
     def op(self, op) -> list[Dispatch]:
         be, T = self.be, self.rows
@@ -301,11 +401,18 @@ class _Lowering:
             bias = be.weights[op.bias][0] if op.bias else None
             t = be.gf.tensor(op.weight)
             y = self.target(op.dst, op.src)
-            return KM.matmul_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T)
+            if KG.use_gemm(T, be.dev):  # batches: tiled GEMM
+                return KG.gemm_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T)
+            pre, xq = self._gemv_q8(t, x)
+            return pre + KM.matmul_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T, xq=xq)
         if isinstance(op, RMSNorm):
             x = self.current(op.src)
             y = self.target(op.dst, op.src)
             g = be.weights[op.weight][0]
+            if self._feeds_gemv_q8(op):  # the norm writes its output rounded too
+                d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, g, y, w[op.src], op.eps, T)
+                self.q8 = (y, w[op.src], xq)
+                return [d]
             return [KS.rmsnorm_dispatch(self.k, x, g, y, w[op.src], op.group, op.eps, T)]
         if isinstance(op, Rope):
             r = op.rope
@@ -321,9 +428,12 @@ class _Lowering:
             a = op.spec
             q = self.current(op.q)
             out = self.target(op.dst, op.q)
-            return [KS.attention_dispatch(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
-                                          a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
-                                          a.sliding_window, a.softcap, T)]
+            layers = [la.attention for la in be.plan.spec.layers]
+            scratch = lambda: KA.scratch_for(be, self.k, T, be.n_ctx, max(x.n_heads for x in layers),
+                                             max(x.v_head_dim for x in layers))
+            return KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
+                                           scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
+                                           a.sliding_window, a.softcap, T, n_ctx=be.n_ctx)
         if isinstance(op, GatedAct):
             g, u = self.current(op.gate), self.current(op.up)
             y = self.target(op.dst, op.gate, op.up)
@@ -383,6 +493,18 @@ def _is_gate_up(ops) -> bool:
         isinstance(mg, MatMul) and isinstance(mu, MatMul) and isinstance(act, GatedAct)
         and mg.src == mu.src and not mg.bias and not mu.bias
         and (act.gate, act.up) == (mg.dst, mu.dst) and mg.dst != mu.dst
+    )
+
+
+def _is_rope_store(ops) -> bool:
+    """Rope(q), Rope(k) with one RopeSpec, then StoreKV of that k: one rope_kv dispatch."""
+    if len(ops) != 3:
+        return False
+    rq, rk, st = ops
+    return (
+        isinstance(rq, Rope) and isinstance(rk, Rope) and isinstance(st, StoreKV)
+        and rq.rope == rk.rope and rq.head_dim == rk.head_dim and rk.buf == st.k
+        and len({rq.buf, rk.buf, st.v}) == 3 and rq.head_dim <= 512
     )
 
 

@@ -22,6 +22,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from infr.errors import UnsupportedError
+from infr.gpu import kernels_q8 as KQ
 from infr.gpu.device import Device
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
@@ -81,7 +82,6 @@ def row_bytes(qtype, K: int) -> int:
 # Types with a coalesced kernel (wgsl/gemv_TYPE.wgsl) -> the K multiple it needs.
 _COALESCED = {Q.Q4_K: 256}
 GEMV_TEAMS = 8  # 32-lane teams per workgroup of the coalesced kernels
-SMALL_N = 4096  # fewer output rows than this: one row per team (more workgroups)
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,11 @@ class GemvTuning:
     """How the coalesced GEMV is compiled: R weight rows per team (the
     activations are loaded once for all of them), U block steps unrolled,
     and the subgroup size its reductions use (0: shared memory only).
-    INFR_GEMV_R / INFR_GEMV_U / INFR_GEMV_SG override (for measuring)."""
+    INFR_GEMV_R / INFR_GEMV_U / INFR_GEMV_SG override (for measuring). With
+    8-bit activations one row and two steps in flight measured best on the
+    H200 for every Llama shape (perf/h200/gemv-bench-2026-12-01-q8.json)."""
 
-    R: int = 2
+    R: int = 1
     U: int = 2
     SG: int = 0
 
@@ -112,8 +114,7 @@ def gemv_pipeline(kernels: Kernels, q, N: int, pair_act: str | None = None, spli
     output rows per workgroup."""
     t = GemvTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change between models
     pair = pair_act is not None
-    # Two rows per team pay on long matrices; short ones need every workgroup they can get.
-    R, U = (2, 1) if pair else (t.R, t.U) if N >= SMALL_N else (1, 1)
+    R, U = (2, t.U) if pair else (t.R, t.U)  # a pair's two rows are its gate and up
     consts = dict(
         R=R, U=U, SG=t.SG, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(),
         SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
@@ -208,7 +209,7 @@ def _weight_shape(w, dims: tuple) -> tuple[Q, tuple]:
 
 def matmul_dispatches(
     kernels: Kernels, w, chunks, x, y, bias, *dims: int,
-    x_stride: int | None = None, y_stride: int | None = None, wg: int = MATMUL_WG, resid=None,
+    x_stride: int | None = None, y_stride: int | None = None, wg: int = MATMUL_WG, resid=None, xq=None,
 ) -> list[Dispatch]:
     """Dispatches for y[t] = W @ x[t] (+ bias), one per weight chunk.
 
@@ -217,6 +218,8 @@ def matmul_dispatches(
     is upload_weight's list, `bias` a buffer of N floats or None, `resid` a
     buffer laid out like y added in the epilogue (a fused residual add; it
     must not be y itself). Strides are in floats and default to K (x) and N (y).
+    Q4_K weights: the GEMV multiplies x rounded to 8 bits (kernels_q8), by a
+    quantize dispatch put first, or already rounded in `xq` (x is then unread).
     """
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
@@ -229,14 +232,18 @@ def matmul_dispatches(
     if sum(rows for _, _, rows in chunks) != N:
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
+    out = []
     if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of lanes reads each block together
         pipe, rows_wg = gemv_pipeline(kernels, q, N)
         label = f"gemv_{wgsl_name(q)}"
+        if xq is None:
+            quant, xq = KQ.quantize_dispatch(kernels, x, K, T, x_stride)
+            out.append(quant)
+        x, x_stride = xq, KQ.words(K) // 4  # the GEMV reads the rounded rows, in vec4
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
         label = f"matmul_{wgsl_name(q)}"
     b = bias if bias is not None else _no_bias(kernels)
-    out = []
     for buf, row0, rows in chunks:
         data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
@@ -256,7 +263,9 @@ def can_fuse_gate_up(wg, wu, chunks_g, chunks_u) -> bool:
     )
 
 
-def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: str, T: int) -> list[Dispatch] | None:
+def gate_up_dispatches(
+    kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: str, T: int, xq=None,
+) -> list[Dispatch] | None:
     """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk (the fused
     gate||up of a gated FFN), or None where no fused kernel applies (the caller
     then runs the two matmuls and the activation)."""
@@ -268,8 +277,13 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: 
     rb = row_bytes(qg, K)
     none = _no_bias(kernels)
     out = []
+    if xq is None:
+        quant, xq = KQ.quantize_dispatch(kernels, x, K, T)
+        out.append(quant)
+    x = xq
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
-        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, K, N, False, T), label="gate_up.params", uniform=True)
+        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T),
+                    label="gate_up.params", uniform=True)
         groups = (-(-rows // rows_wg), T, 1)
         bind = kernels.bind(pipe, [p, bg, x, y, none, none, bu])
         out.append(Dispatch(pipe, bind, groups, f"gemv_{wgsl_name(qg)}_gate_up {N}x{K}", 2 * rows * rb))
@@ -295,7 +309,7 @@ def upload_stacked(dev: Device, tensors, label: str) -> list[tuple]:
     return [(storage(dev, raw, label=label), 0, rows)]
 
 
-def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int) -> list[Dispatch]:
+def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, xq=None) -> list[Dispatch]:
     """ys[i][t] = W_i @ x[t] (+ bias) for the stacked matrices in one dispatch;
     `bias` is one buffer with every matrix's rows (zeros where one has none)."""
     q, K = as_qtype(tensors[0].qtype), int(tensors[0].shape[-1])
@@ -306,13 +320,17 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int) -
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
     (buf, _, _), = chunks
     rb = row_bytes(q, K)
-    p = storage(kernels.dev, params_matmul(K, N, 0, rb, K, N, bias is not None, T, False, split1, split2),
+    quant = []
+    if xq is None:
+        d, xq = KQ.quantize_dispatch(kernels, x, K, T)
+        quant.append(d)
+    p = storage(kernels.dev, params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, bias is not None, T, False, split1, split2),
                 label="qkv.params", uniform=True)
     none = _no_bias(kernels)
     outs = list(ys) + [none] * (3 - len(ys))
-    bind = kernels.bind(pipe, [p, buf, x, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
+    bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
     label = f"gemv_{wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
-    return [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, N * rb)]
+    return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, N * rb)]
 
 
 def embed_dispatches(kernels: Kernels, w, chunks, ids, y, scale: float, T: int, K: int | None = None) -> list[Dispatch]:

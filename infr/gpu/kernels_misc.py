@@ -48,12 +48,15 @@ def pack_kv_store(kv_heads: int, head_dim: int, v_head_dim: int) -> bytes:
 
 
 def pack_attention(
-    n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None
+    n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, scale: float, window: int | None,
+    softcap: float | None, n_ctx: int = 0, max_chunks: int = 0,
 ) -> bytes:
+    """wgsl/attn_common.wgsl Params, shared by every attention kernel (n_ctx and
+    max_chunks: the split-K scratch strides)."""
     return _pack([
         ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
         ("v_head_dim", "u32", v_head_dim), ("scale", "f32", scale), ("window", "u32", window or 0),
-        ("softcap", "f32", softcap or 0.0),
+        ("softcap", "f32", softcap or 0.0), ("n_ctx", "u32", n_ctx), ("max_chunks", "u32", max_chunks),
     ])
 
 
@@ -137,13 +140,15 @@ def kv_store_dispatch(
 
 def attention_dispatch(
     kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
-    scale: float, window: int | None, softcap: float | None, T: int, params=None,
+    scale: float, window: int | None, softcap: float | None, T: int, params=None, kv_max: int = 0,
 ) -> Dispatch:
+    """One workgroup per (head, token) over all its keys; kv_max > 0: idle when
+    the batch's last token sees more keys (split-K runs then)."""
     if n_heads % kv_heads:
         raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
     if head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
         raise ValueError(f"attention needs head_dim % 8 == 0, v_head_dim % 4 == 0, both at most {ATTN_MAX_HEAD_DIM}")
-    pipe = kernels.pipeline("attention", "main")
+    pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max)
     data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
     p = _params(kernels, data, params, "attention")
     return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, T, 1), "attention")

@@ -38,7 +38,7 @@ def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny):
     assert res.dispatches == 10 * per_token  # every dispatch of every step timed, none twice
     assert sum(r.count for r in res.rows) == res.dispatches
     kernels = set(res.by_kernel())
-    for name in ("embed_q4_k", "rmsnorm", "gemv_q4_k_stacked", "rope_norm", "kv_store", "attention",
+    for name in ("embed_q4_k", "rmsnorm_q8", "quantize_q8", "gemv_q4_k_stacked", "rope_kv_norm", "attention",
                  "gemv_q4_k_gate_up", "gemv_q4_k", "argmax", "step"):
         assert name in kernels, (name, kernels)
     assert all(r.total_us > 0 for r in res.rows)  # lavapipe runs each dispatch for real time

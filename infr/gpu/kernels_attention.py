@@ -1,0 +1,230 @@
+"""Dispatch builders for attention and the fused RoPE + KV store.
+
+Attention is lowered one of three ways, fixed when a graph is built for a
+batch shape (T tokens) and reused at every position (the KV length lives in
+the GPU `state` buffer, docs/gpu_kernels.md):
+
+- split-K decode (T <= SPLIT_MAX_T, more than SPLIT_FROM keys): the keys in chunks of `chunk` positions,
+  workgroups per (HG query heads of one kv head) each taking every P-th chunk
+  (split_parallel). Three dispatches:
+  `attn_scores` (scores to a scratch buffer, per-chunk max and sum),
+  `attn_values` (global max and sum from the chunk stats, f16(p) . V per
+  chunk), `attn_combine` (add the chunks). Only chunks up to the current
+  length are visited, so one graph serves every length up to n_ctx.
+- tiled prefill (`attn_tiled`): a block of 16 queries of one head per
+  workgroup sharing K/V tiles in workgroup memory;
+- the original one-workgroup-per-(head, token) kernel (kernels_misc) for
+  decode in short contexts and for shapes the two above do not take (head
+  dims over 256 or not multiples of 8).
+
+The normalised probabilities are rounded to f16 before they multiply V, as
+the reference does (infr/cpu/ops.py attention); that needs the final max and
+sum first, hence a scores/stats pass ahead of the V pass in both kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from infr.gpu import kernels_misc as KS
+from infr.gpu.runtime import Dispatch, Kernels, storage
+
+SPLIT_MAX_T = 4      # batches up to this many tokens use split-K; longer ones the tiled kernel
+# Decode batches whose last token sees at most this many keys run the one-pass
+# kernel, longer ones split-K: on the H200 the one dispatch beat split-K's three
+# at depth 128 (17 vs 43 µs a layer, profiled), and split-K pays where there are
+# thousands of keys (tg64 at depth 4096: 156 vs 66 t/s on the 8B shape). Both
+# are in the graph; each reads the length from `state` and one of them idles.
+# INFR_ATTN_SPLIT_FROM overrides (0: split-K at every length).
+SPLIT_FROM = 512
+# A graph for a context of at most this many keys holds the one-pass kernel
+# alone: the idle split-K dispatches cost ~7.5 µs a layer on the H200 (8B tg128
+# 205 vs 216 t/s), more than one-pass loses in the last few hundred positions.
+# INFR_ATTN_ONE_PASS_CTX overrides.
+ONE_PASS_CTX = 1024
+SPLIT_WG = 128       # invocations of attn_scores / attn_values
+TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled (q block + one K/V tile)
+MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
+SPLIT_TARGET_WGS = 512  # split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
+
+
+pack_attn = KS.pack_attention  # one Params struct for every attention kernel (attn_common.wgsl)
+
+
+def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int, theta: float,
+                 freq_scale: float, has_factors: bool) -> bytes:
+    return KS._pack([
+        ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
+        ("v_head_dim", "u32", v_head_dim), ("n_rot", "u32", n_rot), ("theta", "f32", theta),
+        ("freq_scale", "f32", freq_scale), ("has_factors", "u32", int(has_factors)),
+    ])
+
+
+def chunk_size(n_ctx: int) -> int:
+    """Keys per split-K chunk: 128 (many workgroups at moderate depth) unless the
+    context is so long that the per-chunk scratch and the stats merge grow past
+    ~1024 chunks. INFR_ATTN_CHUNK (a multiple of 128, at most 512) overrides, for tuning."""
+    env = os.environ.get("INFR_ATTN_CHUNK")
+    if env:
+        c = int(env)
+        if c % SPLIT_WG or not 0 < c <= 512:
+            raise ValueError(f"INFR_ATTN_CHUNK must be 128, 256, 384 or 512, got {c}")
+        return c
+    c = SPLIT_WG
+    while c < 512 and -(-n_ctx // c) > 1024:
+        c *= 2
+    return c
+
+
+def split_parallel(max_chunks: int, head_groups: int, T: int) -> int:
+    """Workgroups per (head group, token) along the chunks: each takes every P-th
+    chunk the query sees, so a long n_ctx does not launch thousands of idle
+    workgroups at short depth, and a deep context still fills the GPU."""
+    target = int(os.environ.get("INFR_ATTN_WGS", SPLIT_TARGET_WGS))
+    return max(1, min(max_chunks, -(-target // (head_groups * T))))
+
+
+def heads_per_group(n_heads: int, kv_heads: int) -> int:
+    """The largest divisor of the GQA group size that is at most MAX_HG."""
+    group = n_heads // kv_heads
+    return max(d for d in range(1, min(group, MAX_HG) + 1) if group % d == 0)
+
+
+@dataclass
+class SplitScratch:
+    """Buffers the split-K passes share across layers (the layers run one after another)."""
+
+    scores: object  # f32 [T, n_heads, n_ctx]
+    stats: object   # vec2<f32> [T, n_heads, max_chunks]
+    part: object    # vec4<f32> [T, n_heads, max_chunks, v_head_dim / 4]
+    n_ctx: int
+    chunk: int
+
+    @property
+    def max_chunks(self) -> int:
+        return -(-self.n_ctx // self.chunk)
+
+
+def split_scratch(kernels: Kernels, T: int, n_ctx: int, max_heads: int, max_v_dim: int,
+                  chunk: int | None = None) -> SplitScratch:
+    chunk = chunk or chunk_size(n_ctx)
+    if chunk % SPLIT_WG:
+        raise ValueError(f"split-K chunk {chunk} is not a multiple of {SPLIT_WG}")
+    mc = -(-n_ctx // chunk)
+    sizes = (T * max_heads * n_ctx * 4, T * max_heads * mc * 8, T * max_heads * mc * max_v_dim * 4)
+    if max(sizes) > kernels.dev.max_binding:
+        raise ValueError(f"split-K attention scratch of {max(sizes)} bytes exceeds the storage binding limit")
+    dev = kernels.dev
+    return SplitScratch(storage(dev, sizes[0], label="attn.scores"), storage(dev, sizes[1], label="attn.stats"),
+                        storage(dev, sizes[2], label="attn.part"), n_ctx, chunk)
+
+
+_scratch: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
+
+
+def scratch_for(owner, kernels: Kernels, T: int, n_ctx: int, max_heads: int, max_v_dim: int) -> SplitScratch:
+    """One SplitScratch per (owner, T): a backend's graphs for one batch shape share it."""
+    per = _scratch.setdefault(owner, {})
+    key = (T, n_ctx, max_heads, max_v_dim, chunk_size(n_ctx))
+    if key not in per:
+        per[key] = split_scratch(kernels, T, n_ctx, max_heads, max_v_dim)
+    return per[key]
+
+
+def _check(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> None:
+    if n_heads % kv_heads:
+        raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
+    if head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention needs head_dim % 8 == 0, v_head_dim % 4 == 0, both at most {KS.ATTN_MAX_HEAD_DIM}")
+
+
+def split_dispatches(
+    kernels: Kernels, q, kcache, vcache, out, state, scratch: SplitScratch, n_heads: int, kv_heads: int,
+    head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
+    parallel: int | None = None, kv_min: int = 0,
+) -> list[Dispatch]:
+    """Split-K attention for T query tokens at positions state[0] + t (any KV length up to
+    scratch.n_ctx); `parallel` workgroups along the chunks (default split_parallel)."""
+    _check(n_heads, kv_heads, head_dim, v_head_dim)
+    if v_head_dim > 4 * SPLIT_WG:
+        raise ValueError(f"split-K attention needs v_head_dim <= {4 * SPLIT_WG}")
+    hg, C, mc = heads_per_group(n_heads, kv_heads), scratch.chunk, scratch.max_chunks
+    data = pack_attn(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc)
+    p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
+    P = parallel or split_parallel(mc, n_heads // hg, T)
+    grid = (min(P, mc), n_heads // hg, T)
+    s = kernels.pipeline("attn_scores", "main", WG=SPLIT_WG, C=C, HG=hg, HD=head_dim, KV_MIN=kv_min)
+    v = kernels.pipeline("attn_values", "main", WG=SPLIT_WG, C=C, HG=hg, VD=v_head_dim, KV_MIN=kv_min)
+    c = kernels.pipeline("attn_combine", "main", C=C, KV_MIN=kv_min)
+    shape = f"{n_heads}/{kv_heads}x{head_dim}"
+    return [
+        Dispatch(s, kernels.bind(s, [p, q, kcache, scratch.scores, scratch.stats, state]), grid,
+                 f"attn_scores {shape} c{C}x{grid[0]}"),
+        Dispatch(v, kernels.bind(v, [p, scratch.scores, scratch.stats, vcache, scratch.part, state]), grid,
+                 f"attn_values {shape} c{C}x{grid[0]}"),
+        Dispatch(c, kernels.bind(c, [p, scratch.part, out, state]), (n_heads, T, 1), "attn_combine"),
+    ]
+
+
+def tiled_dispatch(
+    kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int,
+    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
+) -> Dispatch:
+    """Prefill attention for T tokens, 16 queries of one head per workgroup."""
+    _check(n_heads, kv_heads, head_dim, v_head_dim)
+    if max(head_dim, v_head_dim) > TILED_MAX_DIM:
+        raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
+    pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
+                            KVW=max(head_dim, v_head_dim) // 2 + 1)
+    data = pack_attn(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
+    p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, -(-T // 16), 1),
+                    f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+
+
+def attention_dispatches(
+    kernels: Kernels, q, kcache, vcache, out, state, scratch_of, n_heads: int, kv_heads: int, head_dim: int,
+    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, n_ctx: int | None = None,
+) -> list[Dispatch]:
+    """The attention lowering for a batch of T tokens in a context of n_ctx
+    (None: long). `scratch_of()` returns the SplitScratch for this T (called
+    only when split-K is chosen)."""
+    args = (n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, T)
+    fits = head_dim % 8 == 0 and v_head_dim % 4 == 0
+    # INFR_ATTN_SPLIT_T: the largest batch split-K takes (tuning; its scratch grows with T * n_ctx).
+    split_t = int(os.environ.get("INFR_ATTN_SPLIT_T", SPLIT_MAX_T))
+    split_from = int(os.environ.get("INFR_ATTN_SPLIT_FROM", SPLIT_FROM))
+    one_pass_ctx = max(split_from, int(os.environ.get("INFR_ATTN_ONE_PASS_CTX", ONE_PASS_CTX)))
+    if fits and T <= split_t and n_ctx is not None and split_from and n_ctx <= one_pass_ctx:
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+    if fits and T <= split_t and v_head_dim <= 4 * SPLIT_WG:
+        split = split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, kv_min=split_from)
+        if not split_from or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM:
+            return split
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, kv_max=split_from)] + split
+    if fits and max(head_dim, v_head_dim) <= TILED_MAX_DIM:
+        return [tiled_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+    return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+
+
+def rope_kv_dispatch(
+    kernels: Kernels, q, k, v, kcache, vcache, state, n_heads: int, kv_heads: int, head_dim: int,
+    v_head_dim: int, n_rot: int, theta: float, freq_scale: float, style: str, T: int, factors=None,
+) -> Dispatch:
+    """RoPE on q and k (in place) and k, v into the f16 caches at state[0] + t, in one dispatch."""
+    style = getattr(style, "value", style)
+    if style not in ("norm", "neox"):
+        raise ValueError(f"unknown rope style {style!r}")
+    if n_rot % 2 or n_rot > head_dim or head_dim % 2 or v_head_dim % 2 or head_dim > 512:
+        raise ValueError("rope_kv needs even n_rot <= head_dim <= 512 and even head dims")
+    pipe = kernels.pipeline("rope_kv", "main", STYLE=style)
+    data = pack_rope_kv(n_heads, kv_heads, head_dim, v_head_dim, n_rot, theta, freq_scale, factors is not None)
+    p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="rope_kv.params", uniform=True)
+    ff = factors if factors is not None else KS._dummy(kernels)
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, k, v, kcache, vcache, ff, state]),
+                    (n_heads + kv_heads, T, 1), f"rope_kv_{style}")

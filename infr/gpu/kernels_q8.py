@@ -1,0 +1,63 @@
+"""Activations rounded to 8 bits per 32 values, the input of the Q4_K GEMV.
+
+The Q4_K kernel multiplies nibbles with int8 activations by dot4I8Packed (see
+wgsl/gemv_q4_k.wgsl for why); the reference rounds the same way
+(infr.cpu.ops.quantize_q8). The rounded rows go through one scratch buffer
+per device: each quantization is followed by the GEMVs that read it, in the
+same ordered pass. `rmsnorm_q8` writes a norm's output both as floats and
+rounded, so the GEMV after a norm needs no quantize dispatch of its own.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from gguf import GGMLQuantizationType as Q
+
+from infr.cpu.ops import Q8_ACTIVATIONS
+from infr.gpu import kernels_misc as KS
+from infr.gpu.runtime import Dispatch, Kernels, storage
+
+_scratch: weakref.WeakKeyDictionary[Kernels, dict] = weakref.WeakKeyDictionary()
+
+
+def words(K: int) -> int:
+    """u32 words per token of the rounded rows: K bytes of q, then K/16 words of scales."""
+    return K // 4 + K // 16
+
+
+def takes_q8(tensor) -> bool:
+    """Whether a matmul with this weight multiplies rounded activations (every
+    Q4_K matrix: its K is whole 256-value blocks)."""
+    return Q(int(tensor.qtype)) in Q8_ACTIVATIONS
+
+
+def _buffer(kernels: Kernels, kind: str, nbytes: int):
+    """The device's scratch of one kind, at least nbytes (a larger request makes
+    a larger one; bind groups keep the old one alive)."""
+    bufs = _scratch.setdefault(kernels, {})
+    buf = bufs.get(kind)
+    if buf is None or buf.size < nbytes:
+        buf = bufs[kind] = storage(kernels.dev, max(nbytes, 1 << 16), label=f"x_{kind}")
+    return buf
+
+
+def quantize_dispatch(kernels: Kernels, x, K: int, T: int, x_stride: int | None = None) -> tuple[Dispatch, object]:
+    """x [T, K] (rows x_stride floats apart) rounded (wgsl/quantize_q8.wgsl):
+    (the dispatch, the buffer it writes, `words(K)` words per token)."""
+    xq = _buffer(kernels, "q8", 4 * T * words(K))
+    pipe = kernels.pipeline("quantize_q8", "main")
+    p = KS._params(kernels, KS._pack([("K", "u32", K), ("T", "u32", T), ("x_stride", "u32", x_stride or K),
+                                       ("q_stride", "u32", words(K))]), None, "quantize")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, xq]), (-(-K // 1024), T, 1), f"quantize_q8 {K}"), xq
+
+
+def rmsnorm_q8_dispatch(kernels: Kernels, x, g, y, width: int, eps: float, T: int) -> tuple[Dispatch, object]:
+    """A plain RMSNorm (width % 256 == 0) writing y and y rounded (wgsl/rmsnorm_q8.wgsl)."""
+    if width % 256:
+        raise ValueError(f"rmsnorm_q8 needs width % 256 == 0, got {width}")
+    xq = _buffer(kernels, "q8", 4 * T * words(width))
+    pipe = kernels.pipeline("rmsnorm_q8", "main")
+    p = KS._params(kernels, KS._pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps),
+                                       ("T", "u32", T), ("q_stride", "u32", words(width))]), None, "rmsnorm_q8")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y, xq]), (-(-width // 1024), T, 1), "rmsnorm_q8"), xq

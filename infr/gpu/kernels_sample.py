@@ -1,0 +1,108 @@
+"""Sampling on the GPU (wgsl/sample.wgsl): the dispatches that turn a logits
+buffer into the next token id, built once per buffer set.
+
+`SampleKernels(kern, n_vocab, x, seq, state, out)` owns the scratch and
+uniform buffers; `dispatches(params)` is the prebuilt list for one kind of
+settings (greedy, top_k on/off, top_p on/off, penalties on/off) and `set()`
+writes the values (temperature, seed, ...) into the uniform, so a new request
+with new values rebuilds nothing. The numpy twin is infr/cpu/sample.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infr.cpu import sample as ref
+from infr.gpu import kernels_misc as KS
+from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.sampling import SamplingParams
+
+SLICE = 4096  # values per workgroup in the full-vocabulary passes
+ROUNDS = 8  # 4 key bits per radix round
+NONE = 0xFFFFFFFF
+MAX_PENALTY_WINDOW = 1024  # the penalty kernel is one workgroup, quadratic in the window
+
+
+def parts_for(n: int) -> int:
+    return max(1, -(-n // SLICE))
+
+
+def scratch_words(n: int, rows: int) -> int:
+    parts = parts_for(n)
+    return 64 + 2 * parts + 128 * parts + 2 * rows * parts
+
+
+def supports(params: SamplingParams, n_ctx: int) -> bool:
+    """Whether the GPU sampler runs these settings (penalties over a bounded window)."""
+    if not ref.has_penalties(params):
+        return True
+    window = n_ctx + 1 if params.repeat_last_n < 0 else params.repeat_last_n
+    return window <= MAX_PENALTY_WINDOW
+
+
+def pack_params(n: int, params: SamplingParams, seed: int, rows: int = 1) -> bytes:
+    c = ref.constants(params, n)
+    fields = [
+        ("n", "u32", n), ("parts", "u32", parts_for(n)), ("slice", "u32", SLICE),
+        ("top_k", "u32", c.top_k), ("top_p", "f32", c.top_p), ("min_p_log", "f32", c.min_p_log),
+        ("has_min_p", "u32", int(c.has_min_p)), ("inv_temp", "f32", c.inv_temp),
+        ("seed_lo", "u32", seed & NONE), ("seed_hi", "u32", (seed >> 32) & NONE), ("rows", "u32", rows),
+        ("use_k", "u32", int(c.use_k)), ("use_p", "u32", int(c.use_p)),
+        ("pen_n", "u32", NONE if params.repeat_last_n < 0 else params.repeat_last_n),
+        ("rep", "f32", params.repeat_penalty), ("rep_inv", "f32", c.rep_inv),
+        ("freq", "f32", params.frequency_penalty), ("pres", "f32", params.presence_penalty),
+    ]
+    return KS._pack(fields)
+
+
+class SampleKernels:
+    """The sampler over logits `x` (n values): writes out[row] for rows 0..rows-1,
+    row r drawn for position state[0] + 1 + r; `advance` appends out[0] to `seq`."""
+
+    def __init__(self, kern: Kernels, n: int, x, seq, state, out, rows: int = 1):
+        self.kern, self.n, self.rows = kern, int(n), int(rows)
+        self.parts = parts_for(self.n)
+        dev = kern.dev
+        self.scratch = storage(dev, 4 * scratch_words(self.n, self.rows), label="sample.scratch")
+        self.params = storage(dev, np.frombuffer(pack_params(self.n, SamplingParams(), 0, rows), np.uint8),
+                              label="sample.params", uniform=True)
+        self._bufs = [x, seq, state, self.scratch, out]
+        self._steps: dict[tuple[int, int], object] = {}
+        self._argmax = KS.argmax_dispatches(kern, x, out, self.n)
+        self._cache: dict[tuple, list[Dispatch]] = {}
+
+    def _dispatch(self, entry: str, groups, job: int = 0, rnd: int = 0, label: str = "") -> Dispatch:
+        step = self._steps.get((job, rnd))
+        if step is None:
+            step = self._steps[(job, rnd)] = storage(self.kern.dev, np.array([job, rnd, 0, 0], np.uint32),
+                                                     label="sample.step", uniform=True)
+        pipe = self.kern.pipeline("sample", entry)
+        return Dispatch(pipe, self.kern.bind(pipe, [self.params, step, *self._bufs]), groups, label or f"sample_{entry}")
+
+    def set(self, params: SamplingParams, seed: int) -> None:
+        self.kern.dev.device.queue.write_buffer(self.params, 0, pack_params(self.n, params, seed, self.rows))
+
+    def dispatches(self, params: SamplingParams, penalties: bool = True) -> list[Dispatch]:
+        """The prebuilt list for settings of this kind (values come from set())."""
+        c = ref.constants(params, self.n)
+        pen = penalties and ref.has_penalties(params)
+        key = (params.greedy, c.use_k, c.use_p, pen)
+        if key in self._cache:
+            return self._cache[key]
+        out = [self._dispatch("penalize", (1, 1, 1))] if pen else []
+        if params.greedy:
+            out += self._argmax
+        else:
+            P = self.parts
+            out.append(self._dispatch("maxpart", (P, 1, 1), label=f"sample_max {self.n}"))
+            for job, on in ((0, c.use_k), (1, c.use_p)):
+                if on:
+                    out += [self._dispatch("radix", (P, 1, 1), job, r, f"sample_radix {'kp'[job]}{r}")
+                            for r in range(ROUNDS)]
+            out.append(self._dispatch("draw", (P, self.rows, 1), label=f"sample_draw {self.n}"))
+            out.append(self._dispatch("merge", (self.rows, 1, 1)))
+        self._cache[key] = out
+        return out
+
+    def advance(self) -> Dispatch:
+        return self._dispatch("advance", (1, 1, 1))

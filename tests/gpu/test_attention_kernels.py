@@ -1,0 +1,275 @@
+"""Split-K decode attention, tiled prefill attention and the fused RoPE + KV
+store (infr/gpu/kernels_attention.py) against the CPU reference.
+
+The split-K dispatches are built once for a context of n_ctx and then run at
+several KV lengths by rewriting only the state buffer, as the backend's
+graphs are: lengths 1, chunk - 1, chunk, chunk + 1 and several chunks. Cache
+rows past the current length hold NaN, so a kernel that reads a key it must
+not see fails loudly. `pytest -s` prints each measured error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infr.cpu import ops as F
+from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_misc as M
+from infr.gpu.runtime import read, run, storage
+from infr.models.spec import RopeSpec, RopeStyle
+
+
+def _buf(gpu, arr: np.ndarray):
+    return storage(gpu, np.ascontiguousarray(arr))
+
+
+def _caches(rng, n_ctx, kv_heads, hd, vd):
+    kc = rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_ctx, kv_heads, vd)).astype(np.float16)
+    return kc, vc
+
+
+def _poison_past(gpu, kcb, vcb, kc, vc, n_kv):
+    """Cache rows >= n_kv become NaN on the GPU (the reference only reads [:n_kv])."""
+    k2, v2 = kc.copy(), vc.copy()
+    k2[n_kv:] = np.nan
+    v2[n_kv:] = np.nan
+    gpu.device.queue.write_buffer(kcb, 0, k2.view(np.uint32))
+    gpu.device.queue.write_buffer(vcb, 0, v2.view(np.uint32))
+
+
+def _check(name, got, want, vc, n_kv):
+    # As tests/gpu/test_kernels.py test_attention: the same f16 q, K, V and f16
+    # normalised probabilities as the reference, only the f32 summation order
+    # differs; a probability on an f16 rounding boundary may tip by one f16 ulp
+    # (<= 2^-10 p), which bounds the max error by 2^-10 max|v|; the typical
+    # output stays at f32 noise (skipping either f16 rounding puts the median near 6e-5).
+    e = np.abs(got - want)
+    tol = 2.0**-10 * float(np.abs(vc[:n_kv].astype(np.float32)).max()) + 1e-5
+    print(f"\n[max error] {name}: {e.max():.3g} (tolerance {tol:.3g}), median {np.median(e):.3g}")
+    assert np.isfinite(got).all(), name
+    assert e.max() <= tol, name
+    assert np.median(e) <= 2e-6, name
+
+
+# --- split-K decode -----------------------------------------------------------------------------
+
+SPLIT_CASES = {
+    # name: (n_heads, kv_heads, head_dim, v_head_dim, window, softcap, chunk, T)
+    "mha_d64": (2, 2, 64, 64, None, None, 128, 1),
+    "gqa4_d128": (8, 2, 128, 128, None, None, 128, 1),
+    "gqa8_d64_softcap": (8, 1, 64, 64, None, 30.0, 128, 1),
+    "gqa12_two_groups_d64": (12, 1, 64, 64, None, None, 128, 1),  # 6 heads per workgroup, 2 workgroups per kv head
+    "gqa4_d256_window": (4, 1, 256, 256, 100, None, 128, 1),
+    "gqa2_dk96_dv64_chunk256": (4, 2, 96, 64, None, 5.0, 256, 1),
+    "gqa4_d64_T3_window": (8, 2, 64, 64, 150, None, 128, 3),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_k_decode(gpu, kernels, case):
+    n_heads, kv_heads, hd, vd, window, softcap, chunk, T = SPLIT_CASES[case]
+    n_ctx = 5 * chunk + 7
+    rng = np.random.default_rng(len(case))
+    kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    qb, out, state = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), _buf(gpu, M.pack_state(0, T))
+    scratch = KA.split_scratch(kernels, T, n_ctx, n_heads, vd, chunk=chunk)
+    scale = 1.0 / np.sqrt(hd)
+    # One workgroup per chunk (the default here: 6 chunks), and 2 per head group taking every other chunk.
+    builds = {P: KA.split_dispatches(kernels, qb, kcb, vcb, out, state, scratch, n_heads, kv_heads, hd, vd, scale,
+                                     window, softcap, T, parallel=P) for P in (None, 2)}
+    assert builds[None][0].groups[0] == scratch.max_chunks == 6 and builds[2][0].groups[0] == 2
+    # KV lengths (of the last query): 1 .. several chunks; the dispatches are built once, only state changes.
+    for n_kv in sorted({T, chunk - 1, chunk, chunk + 1, 3 * chunk + 5, n_ctx}):
+        start = n_kv - T
+        _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+        gpu.device.queue.write_buffer(state, 0, M.pack_state(start, T))
+        want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
+        for P, ds in builds.items():
+            gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
+            run(gpu, ds)
+            got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
+            _check(f"split-K {case} n_kv={n_kv} P={P}", got, want, vc, n_kv)
+
+
+def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
+    """Decode in a long context holds both kernels: the KV length in `state`
+    picks one each step (the other returns at once), and either answers right."""
+    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
+    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    n_heads, kv_heads, hd, vd, T, n_ctx = 8, 2, 64, 64, 1, 300
+    rng = np.random.default_rng(5)
+    kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    qb, out, state = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), _buf(gpu, M.pack_state(0, T))
+    scale = 1.0 / np.sqrt(hd)
+    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, state, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
+                                 n_heads, kv_heads, hd, vd, scale, None, None, T, n_ctx=n_ctx)
+    assert [d.label.split()[0] for d in ds] == ["attention", "attn_scores", "attn_values", "attn_combine"]
+    for n_kv in (1, 39, 40, 41, 250):  # one-pass up to 40 keys, split-K past them
+        start = n_kv - T
+        _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+        gpu.device.queue.write_buffer(state, 0, M.pack_state(start, T))
+        gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
+        run(gpu, ds)
+        got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
+        want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, None, None)
+        _check(f"switch n_kv={n_kv}", got, want, vc, n_kv)
+
+
+def test_split_k_chunk_choice():
+    assert KA.chunk_size(4096) == 128
+    assert KA.chunk_size(131072) == 128       # 1024 chunks
+    assert KA.chunk_size(131073) == 256
+    assert KA.chunk_size(10**6) == 512
+    assert KA.split_parallel(1024, 8, 1) == 64  # the 8B shape at 131072: 512 workgroups
+    assert KA.split_parallel(6, 8, 1) == 6
+    assert KA.split_parallel(1024, 1, 4) == 128
+    assert KA.heads_per_group(32, 8) == 4
+    assert KA.heads_per_group(14, 2) == 7
+    assert KA.heads_per_group(12, 1) == 6
+    assert KA.heads_per_group(64, 2) == 8
+
+
+# --- tiled prefill ------------------------------------------------------------------------------
+
+TILED_CASES = {
+    # name: (n_heads, kv_heads, head_dim, v_head_dim, start, T, window, softcap)
+    "mha_d64_T37_late": (2, 2, 64, 64, 100, 37, None, None),
+    "gqa4_d64_T37_from0_softcap": (8, 2, 64, 64, 0, 37, None, 20.0),
+    "gqa8_d256_T37_window": (8, 1, 256, 256, 45, 37, 20, None),
+    "gqa2_dk96_dv64_T17_window_softcap": (4, 2, 96, 64, 9, 17, 5, 5.0),
+    "gqa4_d128_T16": (4, 1, 128, 128, 3, 16, None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(TILED_CASES))
+def test_tiled_prefill(gpu, kernels, case):
+    n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    n_kv = start + T
+    n_ctx = n_kv + 20
+    rng = np.random.default_rng(len(case) + start)
+    kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    out = storage(gpu, T * n_heads * vd * 4)
+    scale = 1.0 / np.sqrt(hd)
+    d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, _buf(gpu, M.pack_state(start, T)), n_heads,
+                          kv_heads, hd, vd, scale, window, softcap, T)
+    run(gpu, [d])
+    got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
+    want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
+    _check(f"tiled {case}", got, want, vc, n_kv)
+
+
+def test_lowering_picks_the_kernel(gpu, kernels):
+    q, kc, vc, out, state = (storage(gpu, 4 * 2**16) for _ in range(5))
+    scratch = lambda: KA.split_scratch(kernels, 1, 256, 4, 64)
+    pick = lambda T, hd: [d.label.split()[0] for d in KA.attention_dispatches(
+        kernels, q, kc, vc, out, state, scratch, 4, 2, hd, hd, 0.1, None, None, T)]
+    both = ["attention", "attn_scores", "attn_values", "attn_combine"]  # no n_ctx: long; the length picks one
+    assert pick(1, 64) == both
+    assert pick(KA.SPLIT_MAX_T, 64) == both
+    assert pick(KA.SPLIT_MAX_T + 1, 64) == ["attn_tiled"]
+    assert pick(37, 512) == ["attention"]  # past the tiled kernel's workgroup memory: the one-pass kernel
+    def labels(n_ctx):
+        return [d.label.split()[0] for d in KA.attention_dispatches(
+            kernels, q, kc, vc, out, state, scratch, 4, 2, 64, 64, 0.1, None, None, 1, n_ctx=n_ctx)]
+
+    assert labels(KA.ONE_PASS_CTX) == ["attention"]  # a short context decodes in one pass
+    assert labels(KA.ONE_PASS_CTX + 1) == ["attention", "attn_scores", "attn_values", "attn_combine"]
+
+
+# --- RoPE + KV store ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["norm", "neox"])
+@pytest.mark.parametrize(
+    "n_heads,kv_heads,hd,vd,n_rot,start,T,with_factors",
+    [(6, 2, 64, 64, 64, 9, 5, False), (4, 1, 96, 48, 32, 1200, 3, True), (8, 8, 256, 256, 256, 4090, 1, False)],
+)
+def test_rope_kv_store(gpu, kernels, style, n_heads, kv_heads, hd, vd, n_rot, start, T, with_factors):
+    rng = np.random.default_rng(hd + start)
+    q = rng.standard_normal((T, n_heads * hd)).astype(np.float32)
+    k = rng.standard_normal((T, kv_heads * hd)).astype(np.float32)
+    v = (rng.standard_normal((T, kv_heads * vd)) * 3).astype(np.float32)
+    factors = rng.uniform(1.0, 40.0, n_rot // 2).astype(np.float32) if with_factors else None
+    ctx = start + T + 2
+    kc0, vc0 = _caches(rng, ctx, kv_heads, hd, vd)
+    qb, kb = _buf(gpu, q), _buf(gpu, k)
+    kcb, vcb = _buf(gpu, kc0.view(np.uint32)), _buf(gpu, vc0.view(np.uint32))
+    d = KA.rope_kv_dispatch(kernels, qb, kb, _buf(gpu, v), kcb, vcb, _buf(gpu, M.pack_state(start, T)), n_heads,
+                            kv_heads, hd, vd, n_rot, 1e4, 1.0, style, T,
+                            factors=_buf(gpu, factors) if with_factors else None)
+    run(gpu, [d])
+    got_q = read(gpu, qb, count=q.size).reshape(q.shape)
+    got_k = read(gpu, kb, count=k.size).reshape(k.shape)
+    kc = read(gpu, kcb, np.uint32, kc0.size // 2).view(np.float16).reshape(kc0.shape)
+    vc = read(gpu, vcb, np.uint32, vc0.size // 2).view(np.float16).reshape(vc0.shape)
+
+    spec = RopeSpec(RopeStyle(style), 1e4, n_rot, 1.0)
+    angles = F.rope_angles(np.arange(start, start + T), spec, factors)
+    for name, x, got, heads in (("q", q, got_q, n_heads), ("k", k, got_k, kv_heads)):
+        want = F.rope(x, heads, hd, angles, spec.style)
+        # The f32 angle's error grows like pos * a few 2^-24 (tests/gpu/test_kernels.py,
+        # ANGLE_ERR_PER_POS): each value moves by at most |x| * that error.
+        tol = float(np.abs(x).max()) * 2 * (1.5e-7 * (start + T) + 1e-6) + 1e-6
+        err = float(np.abs(got - want).max())
+        print(f"\n[max error] rope_kv {style} {name} hd={hd} pos={start}+{T}: {err:.3g} (tolerance {tol:.3g})")
+        assert err <= tol
+        xs, gs = x.reshape(T, heads, hd), got.reshape(T, heads, hd)
+        assert np.array_equal(gs[..., n_rot:], xs[..., n_rot:])  # unrotated dims untouched
+    # The cache holds exactly the f16 of the rotated k the kernel left in its buffer, and of v;
+    # rows outside the batch keep their old contents.
+    want_k, want_v = kc0.copy(), vc0.copy()
+    want_k[start : start + T] = got_k.reshape(T, kv_heads, hd)
+    want_v[start : start + T] = v.reshape(T, kv_heads, vd)
+    assert np.array_equal(kc.view(np.uint16), want_k.view(np.uint16))
+    assert np.array_equal(vc.view(np.uint16), want_v.view(np.uint16))
+
+
+# --- end to end through the backend -------------------------------------------------------------
+
+
+def test_backend_lowering_matches_cpu(tmp_path, gpu, monkeypatch):
+    """tiny-gemma3 (sliding window 8, a global layer) on the GPU backend: the graphs use
+    rope_kv, tiled prefill (T = 128, then 37 at position 128) and split-K decode past the
+    first chunk (where the window leaves chunk 0 out), the one-pass kernel below 160 keys,
+    and the logits follow the CPU reference."""
+    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "160")
+    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    from infr import synth
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    path = synth.write_gguf(synth.preset("tiny-gemma3"), tmp_path / "g.gguf")
+    gf = open_gguf(path)
+    plan = build_plan(build_spec(gf))
+    n_ctx = 300
+    gpu_be, cpu_be = GPUBackend(gf, plan, n_ctx, dev=gpu), CPUBackend(gf, plan, n_ctx)
+    labels = [d.label.split()[0] for d in gpu_be._decode_step().dispatches]
+    n = plan.spec.n_layers
+    assert labels.count("rope_kv_neox") == n and "rope_neox" not in labels and "kv_store" not in labels
+    assert labels.count("attn_scores") == labels.count("attn_values") == labels.count("attn_combine") == n
+    assert labels.count("attention") == n
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, plan.spec.n_vocab, 165).tolist()
+    got = gpu_be.forward(ids, 0, n_logits=4)
+    want = cpu_be.forward(ids, 0, n_logits=4)
+    np.testing.assert_allclose(got, want, atol=5e-2 * np.abs(want).max(), rtol=0)
+    tiled = [d.label.split()[0] for d in gpu_be._graph(37, 4)[0].dispatches]
+    assert tiled.count("attn_tiled") == n
+    for pos in (150, 165, 166):  # decode: one-pass, then split-K with keys in chunk 1 (and 0 for the global layer)
+        tok = int(np.argmax(want[-1]))
+        want = cpu_be.forward([tok], pos)
+        got = gpu_be.forward([tok], pos)
+        np.testing.assert_allclose(got, want, atol=5e-2 * np.abs(want).max(), rtol=0)
+        assert int(np.argmax(got[-1])) == int(np.argmax(want[-1]))

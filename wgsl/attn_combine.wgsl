@@ -1,0 +1,36 @@
+// Split-K decode attention, pass 3 of 3: out[t, h] = sum over the chunks the
+// query sees of attn_values' partial outputs. Dispatch (n_heads, T, 1).
+
+// #include attn_common
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> state: array<u32>;
+
+// KV_MIN > 0: the one-pass kernel takes batches whose last token sees at most
+// KV_MIN keys (short contexts); split-K then does nothing.
+const KV_MIN: u32 = {{KV_MIN}}u;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    if (state[0] + state[1] <= KV_MIN) {
+        return;
+    }
+    let h = wid.x;
+    let t = wid.y;
+    let pos = state[0] + t;
+    let c_lo = key_lo(pos, params.window) / {{C}}u;
+    let c_hi = pos / {{C}}u;
+    let lanes = params.v_head_dim / 4u;
+    let row = (t * params.n_heads + h) * params.max_chunks;
+    for (var i = tid; i < lanes; i += WG) {
+        var sum = vec4<f32>(0.0);
+        for (var cc = c_lo; cc <= c_hi; cc++) {
+            sum += part[(row + cc) * lanes + i];
+        }
+        out[(t * params.n_heads + h) * lanes + i] = sum;
+    }
+}

@@ -1,0 +1,53 @@
+// Shared by the split-K decode kernels (attn_scores, attn_values, attn_combine)
+// and the tiled prefill kernel (attn_tiled). One Params struct for all of them
+// (infr/gpu/kernels_attention.py pack_attn). Query t of the batch sits at
+// position state[0] + t and sees keys [key_lo(pos), pos] (the reference masks
+// q_pos - k_pos >= window; window 0 = none).
+
+struct Params {
+    n_heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    v_head_dim: u32,
+    scale: f32,
+    window: u32,     // 0 = no sliding window
+    softcap: f32,    // 0 = none
+    n_ctx: u32,      // row stride of the split-K scores scratch
+    max_chunks: u32, // row stride of the split-K stats / partial outputs
+}
+
+const NEG_BIG: f32 = -3.0e38;  // finite "minus infinity": no inf - inf anywhere
+
+fn f16_round(v: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+}
+
+fn tanh_safe(v: f32) -> f32 {
+    return tanh(clamp(v, -9.0, 9.0));
+}
+
+fn halves(w: u32) -> vec2<f32> {
+    return unpack2x16float(w);
+}
+
+fn key_lo(pos: u32, window: u32) -> u32 {
+    if (window > 0u && pos + 1u > window) {
+        return pos + 1u - window;
+    }
+    return 0u;
+}
+
+// Scale and soft-cap a raw q . k.
+fn finish_score(raw: f32, scale: f32, softcap: f32) -> f32 {
+    var r = raw * scale;
+    if (softcap > 0.0) {
+        r = tanh_safe(r / softcap) * softcap;
+    }
+    return r;
+}
+
+// Online-softmax merge of two (max, sum of exp) pairs.
+fn merge_ml(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let m = max(a.x, b.x);
+    return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
+}
