@@ -18,19 +18,24 @@ SYSTEM = "You are a helpful assistant. " + " ".join(
     f"Rule {i}: answer briefly, stay polite and check facts before replying." for i in range(1, 25))
 
 
-def ttft(client: httpx.Client, messages: list[dict], cache: bool) -> tuple[float, str]:
-    body = {"messages": messages, "max_tokens": 16, "temperature": 0, "stream": True, "cache_prompt": cache}
+def ttft(client: httpx.Client, messages: list[dict], cache: bool) -> tuple[float, str, int]:
+    """Seconds to the first content chunk, the text, and the prompt tokens the server reused."""
+    body = {"messages": messages, "max_tokens": 16, "temperature": 0, "stream": True, "cache_prompt": cache,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    first, text = None, ""
+    first, text, cached = None, "", -1
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"][0]["delta"] if json.loads(line[6:])["choices"] else {}
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+            delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
             if delta.get("content"):
                 first = first or time.perf_counter() - t0
                 text += delta["content"]
-    return first, text
+    return first, text, cached
 
 
 def main() -> None:
@@ -55,19 +60,24 @@ def main() -> None:
                     pass
                 time.sleep(0.2)
             turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a large city."}]
-            results = {True: [], False: []}
+            results, reused = {True: [], False: []}, {True: [], False: []}
+            load0 = os.getloadavg()[0]
             for _ in range(a.runs):
                 for cache in (True, False):
-                    _, reply = ttft(c, turn1, True)  # primes the slot with turn 1
+                    _, reply, _ = ttft(c, turn1, True)  # primes the slot with turn 1
                     turn2 = turn1 + [{"role": "assistant", "content": reply},
                                      {"role": "user", "content": "And one more?"}]
-                    results[cache].append(ttft(c, turn2, cache)[0])
+                    t, _, cached = ttft(c, turn2, cache)
+                    results[cache].append(t)
+                    reused[cache].append(cached)
             n = c.post("/tokenize", json={"messages": turn2}).json()["count"]
-            print(f"model {a.model}, backend {a.backend}, second-turn prompt {n} tokens, {a.runs} runs (median):")
+            print(f"model {a.model}, backend {a.backend}, second-turn prompt {n} tokens, {a.runs} runs (median); "
+                  f"1-min load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs:")
             for cache in (True, False):
                 label = "with prefix reuse" if cache else "without (cache_prompt=false)"
                 print(f"  {label:30} TTFT {statistics.median(results[cache]) * 1000:8.0f} ms "
-                      f"(all: {', '.join(f'{x * 1000:.0f}' for x in results[cache])})")
+                      f"(all: {', '.join(f'{x * 1000:.0f}' for x in results[cache])}; "
+                      f"prompt tokens reused: {', '.join(map(str, reused[cache]))})", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

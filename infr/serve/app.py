@@ -141,7 +141,7 @@ async def chat_completions(request: Request, data: JSONBody[ChatCompletionReques
                       media_type="text/event-stream", headers=SSE_HEADERS)
     out, logprobs = prep.output, []
     outcome = None
-    async for kind, value in svc.events(prep.job):
+    for kind, value in await _collect(request, svc.events(prep.job)):
         if kind == "text":
             out.push(value["text"])
             logprobs += value["logprobs"]
@@ -151,6 +151,35 @@ async def chat_completions(request: Request, data: JSONBody[ChatCompletionReques
     choice = {"index": 0, "message": out.message(), "finish_reason": _finish(outcome, out),
               "logprobs": {"content": logprobs} if data.logprobs else None}
     return Response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(outcome)})
+
+
+async def _collect(request: Request, events: AsyncIterator) -> list:
+    """All of a non-streaming request's events, or a 499 when the client hangs up first: leaving
+    `events` early cancels the generation and frees its slot, as a closed stream does. The ASGI
+    server's receive() yields http.disconnect once the body is read and the client has gone."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    consumer = asyncio.ensure_future(_drain(events))
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            consumer.cancel()
+    if consumer.cancelled() or not consumer.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        raise APIError(499, "the client closed the connection before the answer was ready",
+                       code="client_closed_request")
+    return consumer.result()
+
+
+async def _drain(events: AsyncIterator) -> list:
+    return [ev async for ev in events]
 
 
 def _finish(outcome, out) -> str:
@@ -215,7 +244,7 @@ async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Re
         return Stream(_completion_stream(svc, prep, base, include_usage, echo, data.logprobs is not None),
                       media_type="text/event-stream", headers=SSE_HEADERS)
     text, entries, outcome = echo, [], None
-    async for kind, value in svc.events(prep.job):
+    for kind, value in await _collect(request, svc.events(prep.job)):
         if kind == "text":
             text += value["text"]
             entries += value["logprobs"]

@@ -59,6 +59,9 @@ def run(session, tokenizer, job: Job, emit: Callable[[dict], None]) -> Outcome:
     `job.cancel`. The session's KV cache keeps prompt + output for the next request."""
     out = Outcome(prompt_tokens=len(job.prompt))
     n_ctx = session.model.n_ctx
+    if job.cancel.is_set():  # the client left while the request waited for the backend
+        out.cancelled, out.finish_reason = True, "cancelled"
+        return out
     if not job.cache_prompt:
         session.reset()
     t0 = time.perf_counter()

@@ -46,11 +46,17 @@ class ChatOutput:
             if kind == "content" and value:
                 self.content += value
                 out.append({"content": value})
-            elif kind == "call":
+            elif kind == "call":  # parsed whole: one delta
                 index = len(self.calls)
                 self.calls.append(value)
-                # The whole call in one delta: id and name come with the call's first delta.
                 out.append({"tool_calls": [value.to_openai(index)]})
+            elif kind == "call_head":  # OpenAI's first delta of a call: id, type, name, no arguments yet
+                index = len(self.calls)
+                self.calls.append(value)
+                out.append({"tool_calls": [{"index": index, "id": value.id, "type": "function",
+                                            "function": {"name": value.name, "arguments": ""}}]})
+            elif kind == "call_args":  # then the arguments' text in pieces, by index only
+                out.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": value}}]})
         return out
 
     def message(self) -> dict:

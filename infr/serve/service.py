@@ -90,9 +90,11 @@ class Service:
             self.names.add(self.config.model)
         self.model = model
         note = f" ({model.backend_note})" if model.backend_note else ""
-        log.info("loaded %s on %s in %.1fs%s; %d slot(s)%s", path.name, model.backend_name,
-                 time.perf_counter() - t0, note, self.config.parallel,
-                 ", sharing one KV cache" if self.pool.shared else "")
+        log.info("loaded %s on %s in %.1fs%s; %d slot(s)", path.name, model.backend_name,
+                 time.perf_counter() - t0, note, len(self.pool.slots))
+        if self.pool.shared:
+            log.warning("the %s backend holds one KV cache: --parallel %d serves one request at a time, "
+                        "the others queue", model.backend_name, self.config.parallel)
 
     @property
     def ready(self) -> bool:
@@ -239,11 +241,8 @@ class Service:
         tok = self.model.tokenizer
 
         def work() -> generation.Outcome:
-            with slot.backend_lock:
-                if pool.shared:
-                    slot.claim_cache()
-                return generation.run(slot.session, tok, job,
-                                      lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ("text", ev)))
+            return generation.run(slot.session, tok, job,
+                                  lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ("text", ev)))
 
         def done(fut) -> None:
             exc = fut.exception()

@@ -1,10 +1,12 @@
 """Slots: `--parallel` independent KV caches over one set of loaded weights, and the metrics.
 
 The CPU backend keeps its KV cache in numpy arrays on the backend object, so a slot is a
-shallow copy of the backend with caches of its own (weights shared, read-only); slots run in
-worker threads and interleave one forward pass at a time (see _Serialised). A backend that cannot be copied that way (the GPU
-one binds its caches into recorded command graphs) is shared: its slots take turns holding
-it for a whole request, and a slot whose cache another slot overwrote starts from nothing.
+shallow copy of the backend with caches of its own (weights shared, read-only). The GPU
+backend forks (GPUBackend.fork: the uploaded weights shared, its own KV cache, activations
+and recorded graphs). Slots run in worker threads and interleave one forward pass at a time
+(see _Serialised). A backend that can do neither gets one slot whatever `--parallel` says:
+requests take turns on it, one whole request at a time, and the others wait in the pool's
+queue (`infr_requests_waiting` in /metrics).
 
 A request takes the idle slot whose cache shares the longest prefix with its prompt, so a
 follow-up chat turn lands where its history is already cached.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,8 +53,10 @@ class _SlotModel:
 
 
 def _fork_backend(backend):
-    """A copy with fresh KV caches and shared weights, or None when the backend has no
-    numpy caches to replace."""
+    """A copy with fresh KV caches and shared weights, or None when the backend can
+    neither fork nor has numpy caches to replace."""
+    if callable(getattr(backend, "fork", None)):
+        return backend.fork()
     k, v = getattr(backend, "k_cache", None), getattr(backend, "v_cache", None)
     if not isinstance(k, dict) or not all(isinstance(a, np.ndarray) for a in list(k.values()) + list(v.values())):
         return None
@@ -66,33 +70,26 @@ def _fork_backend(backend):
 class Slot:
     index: int
     session: Session
-    backend_lock: threading.Lock
     busy: bool = False
-    owner: list = field(default_factory=lambda: [None])  # which slot's tokens the shared cache holds
-
-    def claim_cache(self) -> None:
-        """On a shared backend: forget our tokens if another slot wrote the cache since."""
-        if self.owner[0] != self.index:
-            self.session.reset()
-            self.owner[0] = self.index
 
 
 class SlotPool:
     def __init__(self, model, parallel: int):
         self.model = model
-        self.slots: list[Slot] = []
-        shared_lock, owner, compute = threading.Lock(), [None], threading.Lock()
+        compute = threading.Lock()
         backends = [model.backend]
         for _ in range(parallel - 1):
             twin = _fork_backend(model.backend)
+            if twin is None:  # one KV cache only: one slot (see the module note)
+                backends = [model.backend]
+                break
             backends.append(twin)
-        self.shared = any(b is None for b in backends)
-        for i, be in enumerate(backends):
-            if self.shared:
-                sess = Session(_SlotModel(model, model.backend))
-                self.slots.append(Slot(i, sess, shared_lock, owner=owner))
-            else:
-                self.slots.append(Slot(i, Session(_SlotModel(model, _Serialised(be, compute))), threading.Lock()))
+        # True when --parallel asked for more slots than the backend can hold caches for.
+        self.shared = len(backends) < parallel
+        if len(backends) == 1:  # one slot: nothing to serialise against
+            self.slots = [Slot(0, Session(_SlotModel(model, model.backend)))]
+        else:
+            self.slots = [Slot(i, Session(_SlotModel(model, _Serialised(be, compute)))) for i, be in enumerate(backends)]
         self._cond: asyncio.Condition | None = None
         self.waiting = 0
 

@@ -51,19 +51,13 @@ class StopFilter:
 
 
 class TagSplitter:
-    """Splits text into ("out", text) and ("in", text) pieces around open/close tags.
+    """Splits text into ("out", text) and ("in", text) pieces around open/close tags, and an
+    ("end", "") piece where a span closes. Text that could still become a tag is held back."""
 
-    With `buffer_inside` the inside of a span comes out whole when it closes (tool calls,
-    which are parsed as one JSON document); otherwise it streams (reasoning).
-    Pieces: ("out", s), ("in", s) and ("close", inside) for a buffered span that closed.
-    """
-
-    def __init__(self, open_tag: str, close_tag: str, buffer_inside: bool = False, start_inside: bool = False):
+    def __init__(self, open_tag: str, close_tag: str, start_inside: bool = False):
         self.open, self.close = open_tag, close_tag
-        self.buffer_inside = buffer_inside
         self.inside = start_inside
         self.buf = ""
-        self.span = ""  # the buffered inside of the current span
 
     def push(self, text: str) -> list[tuple[str, str]]:
         self.buf += text
@@ -74,9 +68,8 @@ class TagSplitter:
             if i >= 0:
                 self._emit(out, self.buf[:i])
                 self.buf = self.buf[i + len(tag):]
-                if self.inside and self.buffer_inside:
-                    out.append(("close", self.span))
-                    self.span = ""
+                if self.inside:
+                    out.append(("end", ""))
                 self.inside = not self.inside
                 continue
             hold = _held_prefix(self.buf, [tag])
@@ -86,21 +79,14 @@ class TagSplitter:
         return out
 
     def flush(self) -> list[tuple[str, str]]:
-        """The rest at end of generation; an unclosed buffered span comes back as ("open", inside)."""
+        """The rest at end of generation (`inside` tells whether a span was left open)."""
         out: list[tuple[str, str]] = []
         self._emit(out, self.buf)
         self.buf = ""
-        if self.inside and self.buffer_inside:
-            out.append(("open", self.span))
-            self.span = ""
         return out
 
     def _emit(self, out: list[tuple[str, str]], text: str) -> None:
-        if not text:
-            return
-        if self.inside and self.buffer_inside:
-            self.span += text
-        else:
+        if text:
             out.append(("in" if self.inside else "out", text))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -102,18 +103,91 @@ def parse_python_call(text: str, names: set[str] | None = None) -> ParsedCall | 
     return ParsedCall(node.func.id, json.dumps(args, ensure_ascii=False))
 
 
+# The head of a JSON call up to the brace that opens its arguments object.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+
+class CallBuilder:
+    """One JSON call as its text arrives, for streaming it the way OpenAI does: once
+    `{"name": "<known tool>", "arguments": {` has come, ("call_head", call) goes out (id and
+    name, empty arguments), then ("call_args", piece) for each piece of the arguments object's
+    text up to the brace that closes it (strings and escapes are tracked, so braces inside
+    strings do not count). Anything else stays unmatched and the caller parses the whole call
+    at the end, as before. `call.arguments` accumulates the pieces."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+        self.text = ""
+        self.call: ParsedCall | None = None
+        self.pos = 0  # scanned up to here in `text`
+        self.depth = 0
+        self.in_string = self.escape = self.closed = False
+
+    def push(self, text: str) -> list[tuple[str, object]]:
+        self.text += text
+        out: list[tuple[str, object]] = []
+        if self.call is None:
+            m = _HEAD.match(self.text)
+            if m is None:
+                return out
+            try:
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                return out
+            if name not in self.names:  # an unknown name: left to the whole-call parse
+                return out
+            self.call = ParsedCall(name, "")
+            self.pos = m.end()
+            out.append(("call_head", self.call))
+        if self.closed:
+            return out
+        t, i = self.text, self.pos
+        while i < len(t):
+            c = t[i]
+            i += 1
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.closed = True
+                    break
+        piece, self.pos = t[self.pos:i], i
+        if piece:
+            self.call.arguments += piece
+            out.append(("call_args", piece))
+        return out
+
+    @property
+    def streaming(self) -> bool:
+        return self.call is not None
+
+
 class ToolCallStream:
-    """Turns released text into ("content", text) and ("call", ParsedCall) events."""
+    """Turns released text into ("content", text) events and tool calls: ("call", ParsedCall)
+    for a call parsed whole, or ("call_head", call) then ("call_args", piece)... for a JSON
+    call streamed as it is written (see CallBuilder)."""
 
     def __init__(self, dialect: str, names: set[str], forced_prefix: bool = False):
         self.dialect = dialect
         self.names = names
         open_tag, close_tag = DIALECT_TAGS[dialect]
         # A forced call starts inside the tag the server already wrote.
-        self.tags = TagSplitter(open_tag, close_tag, buffer_inside=True, start_inside=forced_prefix and dialect == "hermes")
+        self.tags = TagSplitter(open_tag, close_tag, start_inside=forced_prefix and dialect == "hermes")
         self.forced = forced_prefix
         self.mode: str | None = "tags" if forced_prefix and dialect == "hermes" else None  # None: undecided
         self.pending = ""  # text held while undecided or in bare-JSON mode
+        self.span = ""  # the inside of the current tag span
+        self.builder = CallBuilder(names)
         self.calls = 0
 
     def push(self, text: str) -> list[tuple[str, object]]:
@@ -125,40 +199,55 @@ class ToolCallStream:
             # A reply that opens with "{" may be a bare JSON call: hold it to the end.
             self.mode = "json" if head.startswith("{") or self.forced else "tags"
             text, self.pending = self.pending, ""
-            if self.mode == "json":
-                self.pending = text
-                return []
         if self.mode == "json":
             self.pending += text
-            return []
+            # Streamed only when forced: the grammar then makes the reply exactly one call. Unforced,
+            # the reply is a call only if it is nothing but one (small models echo JSON after it).
+            return self._count(self.builder.push(text)) if self.forced else []
         return self._convert(self.tags.push(text))
 
     def finish(self) -> list[tuple[str, object]]:
         if self.mode in (None, "json"):
             text, self.pending = self.pending, ""
+            if self.builder.streaming:  # already out; text after the call is dropped
+                return []
             call = parse_json_call(text, self.names) or parse_json_call(text)
             if call is not None:
                 self.calls += 1
                 return [("call", call)]
             return [("content", text)] if text else []
-        return self._convert(self.tags.flush())
+        out = self._convert(self.tags.flush())
+        if self.tags.inside:  # a span left open at the end
+            out += self._end_span(closed=False)
+        return out
+
+    def _count(self, events: list[tuple[str, object]]) -> list[tuple[str, object]]:
+        self.calls += sum(kind == "call_head" for kind, _ in events)
+        return events
 
     def _convert(self, pieces: list[tuple[str, str]]) -> list[tuple[str, object]]:
         out: list[tuple[str, object]] = []
-        open_tag, close_tag = DIALECT_TAGS[self.dialect]
         for kind, text in pieces:
             if kind == "out":
                 out.append(("content", text))
-                continue
-            body = text
-            if self.dialect == "gemma":
-                call = parse_python_call(body, self.names) or parse_json_call(body)
-            else:
-                call = parse_json_call(body)
-            if call is not None:
-                self.calls += 1
-                out.append(("call", call))
-            else:  # not a call after all: give the text back verbatim
-                tail = close_tag if kind == "close" else ""
-                out.append(("content", open_tag + body + tail))
+            elif kind == "in":
+                self.span += text
+                out += self._count(self.builder.push(text))
+            elif kind == "end":
+                out += self._end_span(closed=True)
         return out
+
+    def _end_span(self, closed: bool) -> list[tuple[str, object]]:
+        body, streamed = self.span, self.builder.streaming
+        self.span, self.builder = "", CallBuilder(self.names)
+        if streamed:  # the call went out piece by piece
+            return []
+        if self.dialect == "gemma":
+            call = parse_python_call(body, self.names) or parse_json_call(body)
+        else:
+            call = parse_json_call(body)
+        if call is not None:
+            self.calls += 1
+            return [("call", call)]
+        open_tag, close_tag = DIALECT_TAGS[self.dialect]  # not a call after all: the text goes back verbatim
+        return [("content", open_tag + body + (close_tag if closed else ""))]

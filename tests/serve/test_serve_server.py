@@ -80,6 +80,26 @@ def test_disconnect_cancels_and_frees_slot(server):
     assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_slots_idle") == 4
 
 
+def test_non_stream_disconnect_cancels_and_frees_slot(server):
+    m = _metrics(server)
+    before = _metric(m, "infr_requests_cancelled_total")
+    # A const string forces ~600 tokens, so the answer cannot be ready when the client gives up.
+    schema = {"const": "tick " * 600}
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Say tick."}], "max_tokens": 900,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
+    with pytest.raises(httpx.ReadTimeout):  # the client hangs up after 2 s without an answer
+        httpx.post(server + "/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(60, read=2.0))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = _metrics(server)
+        if _metric(m, "infr_requests_cancelled_total") > before and _metric(m, "infr_slots_busy") == 0:
+            break
+        time.sleep(0.2)
+    assert _metric(m, "infr_requests_cancelled_total") == before + 1
+    assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_slots_idle") == 4
+    assert _metric(m, 'infr_errors_total{status="499"}') >= 1  # the answer nobody received
+
+
 def _chat(**extra):
     return {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
 
@@ -117,7 +137,7 @@ BAD = [
      "tool_choice needs tools"),
     ("top_logprobs alone", "POST", "/v1/chat/completions", _chat(top_logprobs=2), AUTH, 400, "needs logprobs"),
     ("prompt too long", "POST", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "word " * 2000}]}, AUTH, 400, "context holds 1024"),
+     {"messages": [{"role": "user", "content": "word " * 2000}]}, AUTH, 400, "tokens but the context holds 1024"),
     ("stop type", "POST", "/v1/chat/completions", _chat(stop=5), AUTH, 400, "stop"),
     ("completion token out of vocab", "POST", "/v1/completions", {"prompt": [10**7]}, AUTH, 400, "vocabulary"),
     ("unknown route", "GET", "/v1/nothing", None, AUTH, 404, "no such endpoint"),

@@ -78,3 +78,55 @@ def test_pick_dialect():
     assert pick_dialect("... <tool_call> ...") == "hermes"
     assert pick_dialect("<|python_tag|>") == "llama3"
     assert pick_dialect("```tool_code") == "gemma"
+
+
+CALL_TEXT = ('Sure. <tool_call>\n{"name": "f", "arguments": {"x": "a}b\\"{", "y": [1, {"z": 2}]}}\n'
+             '</tool_call> Done.')
+
+
+def _stream_deltas(out: ChatOutput, text: str, step: int) -> list[dict]:
+    deltas = []
+    for i in range(0, len(text), step):
+        deltas += out.push(text[i:i + step])
+    return deltas + out.finish()
+
+
+def test_call_arguments_stream_in_pieces_like_openai():
+    # Braces and quotes inside strings must not end the arguments early, whatever the piece size.
+    for step in (1, 2, 5, len(CALL_TEXT)):
+        out = ChatOutput(ToolCallStream("hermes", {"f"}))
+        calls = [d["tool_calls"][0] for d in _stream_deltas(out, CALL_TEXT, step) if "tool_calls" in d]
+        first, rest = calls[0], calls[1:]
+        assert first["id"].startswith("call_") and first["function"]["name"] == "f" and first["type"] == "function"
+        assert all("id" not in c and "name" not in c["function"] and c["index"] == 0 for c in rest)
+        if step < 10:
+            assert len(rest) > 3  # really in pieces
+        args = "".join(c["function"]["arguments"] for c in calls)
+        assert json.loads(args) == {"x": 'a}b"{', "y": [1, {"z": 2}]}
+        assert out.message()["tool_calls"][0]["function"]["arguments"] == args
+        assert out.content == "Sure.  Done." and "<tool_call>" not in out.content
+
+
+def test_forced_bare_json_call_streams():
+    out = ChatOutput(ToolCallStream("llama3", {"get"}, forced_prefix=True))
+    deltas = _stream_deltas(out, '{"name":"get","parameters":{"q":"a b"}}', 3)
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "get" and len(calls) > 2
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"q": "a b"}
+
+
+def test_unknown_tool_name_is_parsed_whole():
+    out = ChatOutput(ToolCallStream("hermes", {"f"}))
+    deltas = _stream_deltas(out, '<tool_call>{"name": "g", "arguments": {"a": 1}}</tool_call>', 4)
+    (d,) = [d for d in deltas if "tool_calls" in d]
+    call = d["tool_calls"][0]
+    assert call["function"]["name"] == "g" and json.loads(call["function"]["arguments"]) == {"a": 1}
+    assert call["id"].startswith("call_")
+
+
+def test_unforced_bare_json_is_a_call_only_when_it_is_the_whole_reply():
+    out = ChatOutput(ToolCallStream("hermes", {"get"}))
+    assert out.push('{"name": "get", "arguments": {"q": 1}}') == []  # held to the end
+    out.push('\n{"result": 2}')
+    out.finish()
+    assert not out.calls and out.content == '{"name": "get", "arguments": {"q": 1}}\n{"result": 2}'

@@ -64,8 +64,16 @@ def test_required_tool_call_streamed(qwen):
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert calls, "no tool call streamed"
     first = calls[0]
-    assert first.id and first.function.name in ("get_weather", "get_time") and first.index == 0
-    json.loads(first.function.arguments)
+    # OpenAI's shape: id, type and name in a call's first delta, then the arguments in pieces by index.
+    assert first.id.startswith("call_") and first.type == "function" and first.index == 0
+    assert first.function.name in ("get_weather", "get_time")
+    for later in calls[1:]:
+        assert later.index == 0 and later.id is None and later.function.name is None
+    args = json.loads("".join(tc.function.arguments or "" for tc in calls))
+    if first.function.name == "get_weather":
+        assert isinstance(args["city"], str) and args["city"]
+    else:
+        assert isinstance(args, dict)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
