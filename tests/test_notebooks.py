@@ -10,12 +10,13 @@ ones in the repository are not touched. About 2 minutes together on lavapipe.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbclient  # the `test` extra installs nbclient, nbformat, ipykernel and what the notebooks import
 import nbformat
 import pytest
+
+from tests.gpu.conftest import gpu  # noqa: F401  (the fixture, used by name)
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # notebook -> (needs a WebGPU adapter, the line its last cell prints once every check passed)
@@ -35,18 +36,10 @@ def _outputs(nb, kind: str) -> list:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_notebook_runs_headless(name, tmp_path):
+def test_notebook_runs_headless(name, tmp_path, request):
     needs_gpu, passed = CASES[name]
-    if needs_gpu:
-        from infr.errors import InfrError
-        from infr.gpu.device import get_device
-
-        try:
-            get_device()
-        except InfrError as e:  # as tests/gpu/conftest.py: skip without an adapter, except under CI
-            if os.environ.get("CI"):
-                raise
-            pytest.skip(f"no WebGPU adapter: {e}")
+    if needs_gpu:  # tests/gpu/conftest.py's fixture: skips where no WebGPU adapter exists, fails under CI
+        request.getfixturevalue("gpu")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     for cell in nb.cells:  # executed fresh: drop the saved outputs
         if cell.cell_type == "code":

@@ -52,9 +52,6 @@ MAX_HG = 8           # query heads per split-K workgroup (registers per invocati
 SPLIT_TARGET_WGS = 512  # split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
 
-pack_attn = KS.pack_attention  # one Params struct for every attention kernel (attn_common.wgsl)
-
-
 def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int, theta: float,
                  freq_scale: float, has_factors: bool) -> bytes:
     return KS._pack([
@@ -154,7 +151,7 @@ def split_dispatches(
     if v_head_dim > 4 * SPLIT_WG:
         raise ValueError(f"split-K attention needs v_head_dim <= {4 * SPLIT_WG}")
     hg, C, mc = heads_per_group(n_heads, kv_heads), scratch.chunk, scratch.max_chunks
-    data = pack_attn(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc)
+    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     P = parallel or split_parallel(mc, n_heads // hg, T)
     grid = (min(P, mc), n_heads // hg, T)
@@ -181,7 +178,7 @@ def tiled_dispatch(
         raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
     pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
                             KVW=max(head_dim, v_head_dim) // 2 + 1)
-    data = pack_attn(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
+    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, -(-T // 16), 1),
                     f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
