@@ -21,22 +21,7 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 
-// Does (ov, oi) beat (mv, mi)? An empty slot (index NONE) never wins; equal values keep the lower index.
-fn beats(ov: f32, oi: u32, mv: f32, mi: u32) -> bool {
-    return oi != NONE && (mi == NONE || ov > mv || (ov == mv && oi < mi));
-}
-
-// Merge the workgroup's candidates; the winner ends in slot 0.
-fn reduce(tid: u32) {
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride && beats(best_v[tid + stride], best_i[tid + stride], best_v[tid], best_i[tid])) {
-            best_v[tid] = best_v[tid + stride];
-            best_i[tid] = best_i[tid + stride];
-        }
-        workgroupBarrier();
-    }
-}
+// #include best_common
 
 @compute @workgroup_size(WG)
 fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -55,7 +40,7 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     }
     best_v[tid] = bv;
     best_i[tid] = bi;
-    reduce(tid);
+    reduce_best(tid);
     if (tid == 0u) {
         best[wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
     }
@@ -76,7 +61,7 @@ fn merge(@builtin(local_invocation_index) tid: u32) {
     }
     best_v[tid] = bv;
     best_i[tid] = bi;
-    reduce(tid);
+    reduce_best(tid);
     if (tid == 0u) {
         out[0] = best_i[0];
     }

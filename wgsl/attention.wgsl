@@ -20,6 +20,7 @@
 // v_head_dim % 4 == 0 (the host checks).
 
 // #include attn_common
+// #include attn_q8_{{Q8}}
 
 const WG: u32 = 256u;
 const MAX_D: u32 = 512u;            // head_dim and v_head_dim bound (the host checks)
@@ -140,8 +141,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     red_v[tid] = acc;
     workgroupBarrier();
+    var sum = vec4<f32>(0.0);
     if (tid < lanes) {
-        var sum = red_v[tid];
+        sum = red_v[tid];
         for (var g = 1u; g < groups; g++) {
             sum += red_v[g * lanes + tid];
         }
@@ -151,4 +153,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         out[o + 2u] = sum.z;
         out[o + 3u] = sum.w;
     }
+    q8_out(sum, h * params.v_head_dim + 4u * tid, tid, tid < lanes, t);
 }

@@ -2,6 +2,7 @@
 // query sees of attn_values' partial outputs. Dispatch (n_heads, T, 1).
 
 // #include attn_common
+// #include attn_q8_{{Q8}}
 
 const WG: u32 = 64u;
 
@@ -26,11 +27,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let c_hi = pos / {{C}}u;
     let lanes = params.v_head_dim / 4u;
     let row = (t * params.n_heads + h) * params.max_chunks;
+    var mine = vec4<f32>(0.0);  // this invocation's first 4 dims (the rounded copy takes v_head_dim <= 4 WG)
     for (var i = tid; i < lanes; i += WG) {
         var sum = vec4<f32>(0.0);
         for (var cc = c_lo; cc <= c_hi; cc++) {
             sum += part[(row + cc) * lanes + i];
         }
         out[(t * params.n_heads + h) * lanes + i] = sum;
+        if (i == tid) {
+            mine = sum;
+        }
     }
+    q8_out(mine, h * params.v_head_dim + 4u * tid, tid, tid < lanes, t);
 }

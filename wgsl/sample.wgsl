@@ -24,60 +24,16 @@
 //   merge    (rows,1,1)     out[row] = the winner
 //   advance  (1,1,1)        seq[pos + 1] = out[0]; state[0] = pos + 1
 // Row r draws for position state[0] + 1 + r (the decode loop uses one row).
+// With top_k on (k <= CAND_MAX) sample_topk.wgsl runs the chain instead, in 6 dispatches.
 
-struct Params {
-    n: u32,
-    parts: u32,
-    slice: u32,
-    top_k: u32,
-    top_p: f32,
-    min_p_log: f32,
-    has_min_p: u32,
-    inv_temp: f32,
-    seed_lo: u32,
-    seed_hi: u32,
-    rows: u32,
-    use_k: u32,
-    use_p: u32,
-    pen_n: u32,      // penalty window in tokens; NONE = the whole history
-    rep: f32,
-    rep_inv: f32,
-    freq: f32,
-    pres: f32,
-}
 
-struct Step {
-    job: u32,
-    round: u32,
-}
-
-struct St {
-    pre: u32,     // key bits chosen so far
-    acc_c: u32,   // count above the prefix's range
-    acc_m: f32,   // mass above it
-    need: f32,    // top_p's target mass
-    eq_c: u32,    // values in the chosen bin (after the last round: equal to the cut)
-}
+// #include sample_common
 
 const WG: u32 = 64u;
 const BINS: u32 = 16u;
-const NONE: u32 = 0xffffffffu;
-// scratch layout (u32 words): [0, 32) round states per (job, parity); [32, 48) results per job;
-// [64, 64 + 2 parts) slice maxima; then histograms [job][parity][part][bin][count, mass];
-// then draw winners [row][part][score, index].
-const RES: u32 = 32u;
-const PMAX: u32 = 64u;
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read_write> x: array<f32>;
-@group(0) @binding(3) var<storage, read_write> seq: array<u32>;
-@group(0) @binding(4) var<storage, read_write> state: array<u32>;
-@group(0) @binding(5) var<storage, read_write> scratch: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<u32>;
-
-var<workgroup> wv: array<f32, WG>;
-var<workgroup> wi: array<u32, WG>;
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
 var<workgroup> red_c: array<u32, 1024>;  // WG * BINS
 var<workgroup> red_m: array<f32, 1024>;
 var<workgroup> bin_c: array<u32, BINS>;
@@ -87,68 +43,6 @@ var<workgroup> sh_m: f32;
 var<workgroup> sh_cut: vec4<u32>;  // (v, c, job, all kept)
 var<workgroup> sh_rank: array<u32, WG>;
 var<workgroup> sh_before: array<u32, WG>;
-
-// Every entry point uses every binding, so one bind group layout serves all.
-fn touch() {
-    _ = params.n;
-    _ = step.job;
-    _ = x[0];
-    _ = seq[0];
-    _ = state[0];
-    _ = scratch[0];
-    _ = out[0];
-}
-
-fn hist_at(job: u32, par: u32, s: u32, b: u32) -> u32 {
-    return PMAX + 2u * params.parts + (((job * 2u + par) * params.parts + s) * BINS + b) * 2u;
-}
-
-fn dpart_at(row: u32, s: u32) -> u32 {
-    return PMAX + 2u * params.parts + 8u * params.parts * BINS + (row * params.parts + s) * 2u;
-}
-
-// Order-preserving map of f32 bits to u32: larger value, larger key.
-fn key_of(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-
-fn value_of(k: u32) -> f32 {
-    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
-}
-
-// Does (ov, oi) beat (mv, mi)? Empty slots never win; equal values keep the lower index.
-fn beats(ov: f32, oi: u32, mv: f32, mi: u32) -> bool {
-    return oi != NONE && (mi == NONE || ov > mv || (ov == mv && oi < mi));
-}
-
-fn reduce_best(tid: u32) {
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride && beats(wv[tid + stride], wi[tid + stride], wv[tid], wi[tid])) {
-            wv[tid] = wv[tid + stride];
-            wi[tid] = wi[tid + stride];
-        }
-        workgroupBarrier();
-    }
-}
-
-// PCG hash (Jarzynski & Olano 2020).
-fn pcg(v: u32) -> u32 {
-    let s = v * 747796405u + 2891336453u;
-    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
-    return (w >> 22u) ^ w;
-}
-
-fn row_key(pos: u32) -> u32 {
-    return pcg(pcg(pcg(params.seed_hi) ^ params.seed_lo) ^ pos);
-}
-
-fn gumbel(rk: u32, i: u32) -> f32 {
-    let h = pcg(pcg(i ^ rk) + rk);
-    let u = (f32(h >> 9u) + 0.5) * (1.0 / 8388608.0);  // in (0, 1), exact in f32
-    return -log(-log(u));
-}
 
 // The maximum of x (merged from the slice maxima, all threads at once) into sh_m.
 fn load_max(tid: u32) {
@@ -162,33 +56,15 @@ fn load_max(tid: u32) {
             bi = i;
         }
     }
-    wv[tid] = bv;
-    wi[tid] = bi;
+    best_v[tid] = bv;
+    best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        sh_m = wv[0];
+        sh_m = best_v[0];
     }
     workgroupBarrier();
 }
 
-fn load_state(job: u32, r: u32) -> St {
-    if (r == 0u) {
-        return St(0u, 0u, 0.0, 0.0, 0u);
-    }
-    let o = (job * 2u + (r & 1u)) * 8u;
-    return St(scratch[o], scratch[o + 1u], bitcast<f32>(scratch[o + 2u]), bitcast<f32>(scratch[o + 3u]), scratch[o + 4u]);
-}
-
-fn store_state(job: u32, r: u32, st: St) {
-    let o = (job * 2u + (r & 1u)) * 8u;
-    scratch[o] = st.pre;
-    scratch[o + 1u] = st.acc_c;
-    scratch[o + 2u] = bitcast<u32>(st.acc_m);
-    scratch[o + 3u] = bitcast<u32>(st.need);
-    scratch[o + 4u] = st.eq_c;
-}
-
-// The state after round rp of `job` (into sh_st): merge that round's histograms
 // and take the bin, from the top, where the count or mass is reached.
 fn decide(job: u32, rp: u32, tid: u32) {
     let par = rp & 1u;
@@ -332,12 +208,12 @@ fn maxpart(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             bi = i;
         }
     }
-    wv[tid] = bv;
-    wi[tid] = bi;
+    best_v[tid] = bv;
+    best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        scratch[PMAX + 2u * wid.x] = bitcast<u32>(wv[0]);
-        scratch[PMAX + 2u * wid.x + 1u] = wi[0];
+        scratch[PMAX + 2u * wid.x] = bitcast<u32>(best_v[0]);
+        scratch[PMAX + 2u * wid.x + 1u] = best_i[0];
     }
 }
 
@@ -433,18 +309,15 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let m = sh_m;
     let lo = wid.x * params.slice;
     let hi = min(params.n, lo + params.slice);
-    // Ties at the cut keep the lowest indices: each thread walks a contiguous chunk
-    // and knows how many equal values come before it (earlier slices from the last
-    // round's histograms, earlier chunks from the workgroup).
-    let chunk = (params.slice + WG - 1u) / WG;
-    let a = min(hi, lo + tid * chunk);
-    let e = min(hi, a + chunk);
+    // Each thread knows how many ties come before its run (earlier slices from
+    // the last round's histograms, earlier runs from the workgroup).
+    let run = tie_run(lo, hi, tid, WG, cut.x);
+    let a = run.x;
+    let e = run.y;
     var here = 0u;
     var before = 0u;
     if (cut.w == 0u) {
-        for (var i = a; i < e; i++) {
-            here += select(0u, 1u, key_of(x[i]) == cut.x);
-        }
+        here = run.z;
         for (var s = tid; s < wid.x; s += WG) {
             before += scratch[hist_at(cut.z, 1u, s, cut.x & 15u)];
         }
@@ -481,13 +354,13 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    wv[tid] = bv;
-    wi[tid] = bi;
+    best_v[tid] = bv;
+    best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
         let o = dpart_at(row, wid.x);
-        scratch[o] = bitcast<u32>(wv[0]);
-        scratch[o + 1u] = wi[0];
+        scratch[o] = bitcast<u32>(best_v[0]);
+        scratch[o + 1u] = best_i[0];
     }
 }
 
@@ -505,11 +378,11 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             bi = i;
         }
     }
-    wv[tid] = bv;
-    wi[tid] = bi;
+    best_v[tid] = bv;
+    best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        out[wid.x] = wi[0];
+        out[wid.x] = best_i[0];
     }
 }
 

@@ -23,6 +23,7 @@ from infr.gguf_file import GGUFFile
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import profile
@@ -31,7 +32,7 @@ from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan
 
-MAX_BATCH = 128  # tokens per forward pass; longer prompts run in chunks
+MAX_BATCH = 512  # tokens per forward pass (llama.cpp's default ubatch); longer prompts run in chunks
 MAX_LOGIT_ROWS = 32
 SHAPE_CACHE = 6  # distinct (T, n_logits) graphs kept built
 TOKEN_LOG = 4096  # greedy tokens decoded on the GPU before the host must read them
@@ -102,8 +103,10 @@ class GPUBackend:
             self.k_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.head_dim * 2, label="k")
             self.v_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.v_head_dim * 2, label="v")
             self.vram += n_ctx * a.n_kv_heads * (a.head_dim + a.v_head_dim) * 2
-        self._graphs: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, int, bool], tuple] = OrderedDict()
         self._graph(1, 1)  # the decode graph: built at load
+        if self._has_spans(1):  # and its form for steps past split_from keys
+            self._graph(1, 1, True)
 
     def fork(self) -> "GPUBackend":
         """Another sequence over the same uploaded weights: its own KV cache,
@@ -154,7 +157,7 @@ class GPUBackend:
         q = self.dev.device.queue
         q.write_buffer(self.ids, 0, ids)
         q.write_buffer(self.state, 0, KS.pack_state(start, T))
-        body, head, x_buf = self._graph(T, n_logits)
+        body, head, x_buf = self._graph(T, n_logits, self._far(start, T))
         timer = profile.timer_for(self.dev)
         if timer is not None and len(body) + len(head) + 2 > timer.room:
             timer = None  # too many dispatches for one query set: this call goes untimed
@@ -172,7 +175,7 @@ class GPUBackend:
         if not n_logits:
             return np.zeros((0, self.plan.spec.n_vocab), np.float32)
         vocab = self.plan.spec.n_vocab
-        logits_buf = self._logits_buffer(T, n_logits)
+        logits_buf = self._logits_buffer(T, n_logits, self._far(start, T))
         with profile.HostClock(timer, "wait"):
             raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()
@@ -189,11 +192,12 @@ class GPUBackend:
         q = self.dev.device.queue
         q.write_buffer(self.ids, 0, np.array([token], np.uint32))
         q.write_buffer(self.state, 0, KS.pack_state(start, 1))
-        step = self._decode_step()
+        steps = {far: self._decode_step(far) for far in (False, True)}
         timer = profile.timer_for(self.dev)
         if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
-            per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // len(step)))
-            if len(step) + 1 > profile.CAPACITY:
+            longest = max(len(st) for st in steps.values())
+            per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
+            if longest + 1 > profile.CAPACITY:
                 timer = None
         done = 0
         while done < n:
@@ -201,7 +205,8 @@ class GPUBackend:
             with profile.HostClock(timer, "encode"):
                 enc = self.dev.device.create_command_encoder()
                 cpass = enc.begin_compute_pass()
-                step.encode(cpass, times=k, timer=timer)
+                for far, times in self.spans(start + done, k):  # step i runs token start + i
+                    steps[far].encode(cpass, times=times, timer=timer)
                 cpass.end()
                 cmd = profile.finish_encoder(enc, timer, k)
             with profile.HostClock(timer, "submit"):
@@ -211,15 +216,40 @@ class GPUBackend:
             out = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
         return out
 
-    def _decode_step(self) -> Recording:
-        if not hasattr(self, "_step"):
-            body, head, _ = self._graph(1, 1)
-            logits = self._graphs[(1, 1)][3]
+    def _decode_step(self, far: bool = False) -> Recording:
+        far = far and self._has_spans(1)
+        if not hasattr(self, "_steps"):
+            self._steps = {}
+        if far not in self._steps:
+            body, head, _ = self._graph(1, 1, far)
+            logits = self._logits_buffer(1, 1, far)
             argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab)
             pipe = self.kern.pipeline("step", "main")
             advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
-            self._step = Recording(body.dispatches + head.dispatches + argmax + [advance])
-        return self._step
+            self._steps[far] = Recording(body.dispatches + head.dispatches + argmax + [advance])
+        return self._steps[far]
+
+    # --- which graph a step takes: near or far keys (kernels_attention.attention_dispatches' span)
+
+    def _has_spans(self, T: int) -> bool:
+        """Whether graphs for T tokens come in a near and a far form."""
+        known = self.__dict__.setdefault("_span_forms", {})
+        if T not in known:
+            known[T] = any(KA.attention_mode(T, la.attention.head_dim, la.attention.v_head_dim, self.n_ctx) == "switch"
+                           for la in self.plan.spec.layers)
+        return known[T]
+
+    def _far(self, start: int, T: int) -> bool:
+        """Whether a batch of T tokens at `start` takes the far graph (its last token sees more
+        than split_from keys: split-K attention), rather than the near one (one pass)."""
+        return start + T > KA.split_from() and self._has_spans(T)
+
+    def spans(self, start: int, k: int) -> list[tuple[bool, int]]:
+        """k one-token steps running tokens start .. start + k - 1: (far, steps) runs in order."""
+        cut = min(k, max(0, KA.split_from() - start))  # steps whose token sees at most split_from keys
+        if not self._has_spans(1):
+            return [(False, k)]
+        return [(far, n) for far, n in ((False, cut), (True, k - cut)) if n]
 
     def decode_stream(self, logits, context, n: int, params, **kw):
         """n tokens sampled on the GPU after `context` (in the cache; `logits` its
@@ -237,17 +267,21 @@ class GPUBackend:
             self._resident = ResidentDecoder(self)
         return self._resident
 
-    def _logits_buffer(self, T: int, n_logits: int):
-        return self._graphs[(T, n_logits)][3]
+    def _logits_buffer(self, T: int, n_logits: int, far: bool = False):
+        self._graph(T, n_logits, far)
+        return self._graphs[(T, n_logits, far and self._has_spans(T))][3]
 
     # --- lowering
 
-    def _graph(self, T: int, n_logits: int):
-        key = (T, n_logits)
+    def _graph(self, T: int, n_logits: int, far: bool = False):
+        """(body, head, x buffer) for a batch of T tokens; `far`: the form for batches whose last
+        token sees more than split_from keys (the same graph where T has one form)."""
+        far = far and self._has_spans(T)
+        key = (T, n_logits, far)
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return self._graphs[key][:3]
-        lower = _Lowering(self, T)
+        lower = _Lowering(self, T, far)
         body = []
         ops = list(self.plan.embed + self.plan.layers)
         i = 0
@@ -298,8 +332,9 @@ class _Lowering:
     """Turns plan ops into dispatches for one batch shape, tracking which
     physical buffer holds each named value."""
 
-    def __init__(self, be: GPUBackend, T: int):
+    def __init__(self, be: GPUBackend, T: int, far: bool = False):
         self.be, self.k, self.rows = be, be.kern, T
+        self.span = "far" if far else "near"  # which attention a "switch" layer keeps
         self.phys = {name: 0 for name in be.buffers}
         self.external: dict[str, object] = {}
         self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
@@ -340,6 +375,13 @@ class _Lowering:
             return [], None
         return self.q8_input(x, int(t.shape[-1]))
 
+    def _mmq(self, t, x):
+        """(quantize dispatches, rounded x) when weight t runs the Q4_K int8 GEMM
+        (kernels_mmq) on this graph's batches, else None."""
+        if not KMQ.use_mmq(self.rows, self.be.dev, t):
+            return None
+        return self.q8_input(x, int(t.shape[-1]))
+
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be
         x = self.current(mm.src)
@@ -347,6 +389,8 @@ class _Lowering:
         y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
         bias = be.weights[mm.bias][0] if mm.bias else None
         t = be.gf.tensor(mm.weight)
+        if (mq := self._mmq(t, x)) is not None:  # Q4_K batches: int8 tiled GEMM
+            return mq[0] + KMQ.mmq_dispatches(self.k, t, be.weights[mm.weight], mq[1], y, bias, self.rows, resid=resid)
         if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
             return KG.gemm_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
         pre, xq = self._gemv_q8(t, x)
@@ -357,6 +401,9 @@ class _Lowering:
         x = self.current(mms[0].src)
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
+        if (mq := self._mmq(tensors[0], x)) is not None:
+            return mq[0] + KMQ.stacked_dispatches(self.k, tensors, be.weights[names], mq[1], ys,
+                                                  be.stack_bias.get(names), self.rows)
         if KG.use_gemm(self.rows, self.be.dev):
             return KG.stacked_gemm_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                               self.rows)
@@ -369,6 +416,10 @@ class _Lowering:
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
+        if KMQ.use_mmq(self.rows, be.dev, tg) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+            y = self.target(act.dst, mg.src)
+            pre, xq = self.q8_input(x, int(tg.shape[-1]))
+            return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
         # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch.
         if KG.use_gemm(self.rows, self.be.dev) or not KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
@@ -385,12 +436,13 @@ class _Lowering:
                                     a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style, self.rows,
                                     factors=factors)]
 
-    def _feeds_gemv_q8(self, norm: RMSNorm) -> bool:
-        """A plain norm whose output the next op multiplies in the Q4_K GEMV."""
-        nxt, width = self.ahead, self.be.widths[norm.src]
+    def _feeds_gemv_q8(self, name: str, width: int) -> bool:
+        """Whether the next op multiplies value `name` (width values a token) in
+        the Q4_K GEMV: its producer then writes it rounded too."""
+        nxt = self.ahead
         return (
-            norm.group in (None, width) and width % 256 == 0 and not KG.use_gemm(self.rows, self.be.dev)
-            and isinstance(nxt, MatMul) and nxt.src == norm.dst and KQ.takes_q8(self.be.gf.tensor(nxt.weight))
+            width % 256 == 0 and (not KG.use_gemm(self.rows, self.be.dev) or KMQ.use_mmq(self.rows, self.be.dev))
+            and isinstance(nxt, MatMul) and nxt.src == name and KQ.takes_q8(self.be.gf.tensor(nxt.weight))
         )
 
     def op(self, op) -> list[Dispatch]:
@@ -401,6 +453,8 @@ class _Lowering:
             bias = be.weights[op.bias][0] if op.bias else None
             t = be.gf.tensor(op.weight)
             y = self.target(op.dst, op.src)
+            if (mq := self._mmq(t, x)) is not None:  # Q4_K batches: int8 tiled GEMM
+                return mq[0] + KMQ.mmq_dispatches(self.k, t, be.weights[op.weight], mq[1], y, bias, T)
             if KG.use_gemm(T, be.dev):  # batches: tiled GEMM
                 return KG.gemm_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T)
             pre, xq = self._gemv_q8(t, x)
@@ -409,7 +463,7 @@ class _Lowering:
             x = self.current(op.src)
             y = self.target(op.dst, op.src)
             g = be.weights[op.weight][0]
-            if self._feeds_gemv_q8(op):  # the norm writes its output rounded too
+            if op.group in (None, w[op.src]) and self._feeds_gemv_q8(op.dst, w[op.src]):  # also rounded
                 d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, g, y, w[op.src], op.eps, T)
                 self.q8 = (y, w[op.src], xq)
                 return [d]
@@ -431,9 +485,15 @@ class _Lowering:
             layers = [la.attention for la in be.plan.spec.layers]
             scratch = lambda: KA.scratch_for(be, self.k, T, be.n_ctx, max(x.n_heads for x in layers),
                                              max(x.v_head_dim for x in layers))
-            return KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
-                                           scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
-                                           a.sliding_window, a.softcap, T, n_ctx=be.n_ctx)
+            K = a.n_heads * a.v_head_dim
+            fuse = KS.can_round_output(a.n_heads, a.v_head_dim) and self._feeds_gemv_q8(op.dst, K)
+            xq = KQ.scratch(self.k, K, T) if fuse else None
+            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
+                                         scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
+                                         a.sliding_window, a.softcap, T, n_ctx=be.n_ctx, xq=xq, span=self.span)
+            if xq is not None:
+                self.q8 = (out, K, xq)  # the o projection reads the rounded copy
+            return ds
         if isinstance(op, GatedAct):
             g, u = self.current(op.gate), self.current(op.up)
             y = self.target(op.dst, op.gate, op.up)

@@ -47,32 +47,37 @@ class ResidentDecoder:
     def __init__(self, be):
         self.be = be
         dev = be.dev
-        body, head, _ = be._graph(1, 1)
-        logits = be._graphs[(1, 1)][3]
+        logits = be._logits_buffer(1, 1)  # the far graph's is the same buffer (one lowering)
         self.logits = logits
         self.n_vocab = be.plan.spec.n_vocab
         self.seq = storage(dev, 4 * (be.n_ctx + 1), label="seq")
         self.sampler = KSA.SampleKernels(be.kern, self.n_vocab, logits, self.seq, be.state, be.ids)
-        self.forward = body.dispatches + head.dispatches
+        self.forward = {}
+        for far in (False, True):  # the step's graph: attention over near or far keys (GPUBackend.spans)
+            body, head, _ = be._graph(1, 1, far)
+            if be._logits_buffer(1, 1, far) is not logits:
+                raise RuntimeError("the near and far decode graphs must share the logits buffer")
+            self.forward[far] = body.dispatches + head.dispatches
         self.advance = self.sampler.advance()
-        self._recordings: dict[int, tuple[Recording, Recording]] = {}
+        self._recordings: dict[int, tuple[Recording, dict[bool, Recording]]] = {}
         self._free: list = []  # staging buffers not in flight
         self.last = {}  # the latest stream's numbers: tokens, submits, host seconds
 
     def supports(self, params: SamplingParams) -> bool:
         return KSA.supports(params, self.be.n_ctx)
 
-    def recordings(self, params: SamplingParams) -> tuple[Recording, Recording]:
-        """(first, step): the sample from the prefill's logits, and a full decode step."""
+    def recordings(self, params: SamplingParams) -> tuple[Recording, dict[bool, Recording]]:
+        """(first, steps): the sample from the prefill's logits, and a full decode
+        step by span (False: near keys, True: far)."""
         sample = self.sampler.dispatches(params)
         key = id(sample)
         if key not in self._recordings:
             self._recordings[key] = (Recording(sample + [self.advance]),
-                                     Recording(self.forward + sample + [self.advance]))
+                                     {far: Recording(f + sample + [self.advance]) for far, f in self.forward.items()})
         return self._recordings[key]
 
     def dispatches_per_token(self, params: SamplingParams) -> int:
-        return len(self.recordings(params)[1])
+        return len(self.recordings(params)[1][False])
 
     def _staging(self, size: int):
         import wgpu
@@ -105,22 +110,23 @@ class ResidentDecoder:
         per_submit = max(1, int(per_submit or PER_SUBMIT))
         depth = max(1, int(depth or DEPTH))
         be, q = self.be, self.be.dev.device.queue
-        first, step = self.recordings(params)
+        first, steps = self.recordings(params)
         if params.repeat_last_n != 0:  # the penalty kernel reads the context's ids
             q.write_buffer(self.seq, 0, np.asarray(context, np.uint32))
         q.write_buffer(self.logits, 0, np.ascontiguousarray(logits, np.float32))
         q.write_buffer(be.state, 0, KS.pack_state(P - 1, 1))
         self.sampler.set(params, seed)
         timer = profile.timer_for(be.dev)
+        longest = max(len(st) for st in steps.values())
         if timer is not None:
-            per_submit = max(1, min(per_submit, (profile.CAPACITY - 2) // len(step)))
-            if len(step) + 2 > profile.CAPACITY:
+            per_submit = max(1, min(per_submit, (profile.CAPACITY - 2) // longest))
+            if longest + 2 > profile.CAPACITY:
                 timer = None
         pending: deque = deque()
         # host seconds: encoding the passes, submitting them (lavapipe runs the work inside
         # submit), waiting for token maps
         stats = self.last = {"tokens": 0, "submits": 0, "encode_s": 0.0, "submit_s": 0.0, "wait_s": 0.0,
-                             "dispatches_per_token": len(step)}
+                             "dispatches_per_token": len(steps[False])}
         produced = 0
 
         def submit() -> None:
@@ -131,7 +137,11 @@ class ResidentDecoder:
             with profile.HostClock(timer, "encode"):
                 enc = be.dev.device.create_command_encoder()
                 cpass = enc.begin_compute_pass()
-                (first if produced == 0 else step).encode(cpass, times=k, timer=timer)
+                if produced == 0:
+                    first.encode(cpass, times=1, timer=timer)
+                else:  # step j runs token j - 1, at position P + j - 1
+                    for far, times in be.spans(P + produced - 1, k):
+                        steps[far].encode(cpass, times=times, timer=timer)
                 cpass.end()
                 buf = self._staging(4 * k)
                 enc.copy_buffer_to_buffer(self.seq, 4 * (P + produced), buf, 0, 4 * k)

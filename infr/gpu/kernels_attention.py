@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
 SPLIT_MAX_T = 4      # batches up to this many tokens use split-K; longer ones the tiled kernel
@@ -143,10 +144,11 @@ def _check(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> None:
 def split_dispatches(
     kernels: Kernels, q, kcache, vcache, out, state, scratch: SplitScratch, n_heads: int, kv_heads: int,
     head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
-    parallel: int | None = None, kv_min: int = 0,
+    parallel: int | None = None, kv_min: int = 0, xq=None,
 ) -> list[Dispatch]:
     """Split-K attention for T query tokens at positions state[0] + t (any KV length up to
-    scratch.n_ctx); `parallel` workgroups along the chunks (default split_parallel)."""
+    scratch.n_ctx); `parallel` workgroups along the chunks (default split_parallel);
+    `xq`: the combine pass also writes the output rounded there."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if v_head_dim > 4 * SPLIT_WG:
         raise ValueError(f"split-K attention needs v_head_dim <= {4 * SPLIT_WG}")
@@ -157,14 +159,15 @@ def split_dispatches(
     grid = (min(P, mc), n_heads // hg, T)
     s = kernels.pipeline("attn_scores", "main", WG=SPLIT_WG, C=C, HG=hg, HD=head_dim, KV_MIN=kv_min)
     v = kernels.pipeline("attn_values", "main", WG=SPLIT_WG, C=C, HG=hg, VD=v_head_dim, KV_MIN=kv_min)
-    c = kernels.pipeline("attn_combine", "main", C=C, KV_MIN=kv_min)
+    c = kernels.pipeline("attn_combine", "main", C=C, KV_MIN=kv_min, **KS.q8_out_consts(xq, n_heads, v_head_dim, 4))
     shape = f"{n_heads}/{kv_heads}x{head_dim}"
     return [
         Dispatch(s, kernels.bind(s, [p, q, kcache, scratch.scores, scratch.stats, state]), grid,
                  f"attn_scores {shape} c{C}x{grid[0]}"),
         Dispatch(v, kernels.bind(v, [p, scratch.scores, scratch.stats, vcache, scratch.part, state]), grid,
                  f"attn_values {shape} c{C}x{grid[0]}"),
-        Dispatch(c, kernels.bind(c, [p, scratch.part, out, state]), (n_heads, T, 1), "attn_combine"),
+        Dispatch(c, kernels.bind(c, [p, scratch.part, out, state] + ([xq] if xq is not None else [])),
+                 (n_heads, T, 1), "attn_combine"),
     ]
 
 
@@ -184,29 +187,69 @@ def tiled_dispatch(
                     f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 
 
-def attention_dispatches(
-    kernels: Kernels, q, kcache, vcache, out, state, scratch_of, n_heads: int, kv_heads: int, head_dim: int,
-    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, n_ctx: int | None = None,
-) -> list[Dispatch]:
-    """The attention lowering for a batch of T tokens in a context of n_ctx
-    (None: long). `scratch_of()` returns the SplitScratch for this T (called
-    only when split-K is chosen)."""
-    args = (n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, T)
+def split_from() -> int:
+    """Keys (of a batch's last token) up to which decode takes the one-pass kernel."""
+    return int(os.environ.get("INFR_ATTN_SPLIT_FROM", SPLIT_FROM))
+
+
+def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = None) -> str:
+    """How attention for a batch of T tokens in a context of n_ctx (None: long)
+    is lowered: "one_pass", "split" (split-K only), "switch" (one-pass up to
+    split_from() keys, split-K past them), "tiled" or "fallback" (the one-pass
+    kernel for shapes the others do not take)."""
     fits = head_dim % 8 == 0 and v_head_dim % 4 == 0
     # INFR_ATTN_SPLIT_T: the largest batch split-K takes (tuning; its scratch grows with T * n_ctx).
     split_t = int(os.environ.get("INFR_ATTN_SPLIT_T", SPLIT_MAX_T))
-    split_from = int(os.environ.get("INFR_ATTN_SPLIT_FROM", SPLIT_FROM))
-    one_pass_ctx = max(split_from, int(os.environ.get("INFR_ATTN_ONE_PASS_CTX", ONE_PASS_CTX)))
-    if fits and T <= split_t and n_ctx is not None and split_from and n_ctx <= one_pass_ctx:
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+    near = split_from()
+    one_pass_ctx = max(near, int(os.environ.get("INFR_ATTN_ONE_PASS_CTX", ONE_PASS_CTX)))
+    if fits and T <= split_t and n_ctx is not None and near and n_ctx <= one_pass_ctx:
+        return "one_pass"
     if fits and T <= split_t and v_head_dim <= 4 * SPLIT_WG:
-        split = split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, kv_min=split_from)
-        if not split_from or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM:
-            return split
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, kv_max=split_from)] + split
+        return "split" if not near or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM else "switch"
     if fits and max(head_dim, v_head_dim) <= TILED_MAX_DIM:
-        return [tiled_dispatch(kernels, q, kcache, vcache, out, state, *args)]
-    return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+        return "tiled"
+    return "fallback"
+
+
+def attention_dispatches(
+    kernels: Kernels, q, kcache, vcache, out, state, scratch_of, n_heads: int, kv_heads: int, head_dim: int,
+    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, n_ctx: int | None = None,
+    xq=None, span: str | None = None,
+) -> list[Dispatch]:
+    """The attention lowering for a batch of T tokens in a context of n_ctx
+    (None: long). `scratch_of()` returns the SplitScratch for this T (called
+    only when split-K is chosen). `xq` (where KS.can_round_output): the output
+    is also written there rounded to 8 bits for the Q4_K GEMV of the o
+    projection, by the decode kernels themselves (saving a quantize dispatch
+    per layer), or by a quantize dispatch after the tiled prefill kernel.
+
+    Where the mode is "switch", `span` says which keys the graph will meet:
+    "near" (the last token sees at most split_from() keys: the one-pass kernel
+    alone), "far" (more: split-K alone), or None (either: both kernels, and the
+    KV length in `state` idles one of them at each step, ~7.5 µs a layer on the
+    H200). The backend knows each step's length on the host and keeps one graph
+    per span; either graph is right at any length, only slower."""
+    args = (n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, T)
+    mode = attention_mode(T, head_dim, v_head_dim, n_ctx)
+    if mode == "switch" and span is not None:
+        mode = "one_pass" if span == "near" else "split"
+    if mode == "one_pass":
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, xq=xq)]
+    if mode == "split":
+        return split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, xq=xq)
+    if mode == "switch":
+        near = split_from()
+        split = split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, kv_min=near, xq=xq)
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, kv_max=near, xq=xq)] + split
+    if mode == "tiled":
+        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+    else:
+        out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, xq=xq)]
+        xq = None
+    if xq is not None:
+        K = n_heads * v_head_dim
+        out_d.append(KQ.quantize_dispatch(kernels, out, K, T, into=xq)[0])
+    return out_d
 
 
 def rope_kv_dispatch(

@@ -140,18 +140,36 @@ def kv_store_dispatch(
 
 def attention_dispatch(
     kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
-    scale: float, window: int | None, softcap: float | None, T: int, params=None, kv_max: int = 0,
+    scale: float, window: int | None, softcap: float | None, T: int, params=None, kv_max: int = 0, xq=None,
 ) -> Dispatch:
     """One workgroup per (head, token) over all its keys; kv_max > 0: idle when
-    the batch's last token sees more keys (split-K runs then)."""
+    the batch's last token sees more keys (split-K runs then). `xq`: the
+    output is also written there rounded (kernels_q8 layout; q8_out_consts)."""
     if n_heads % kv_heads:
         raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
     if head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
         raise ValueError(f"attention needs head_dim % 8 == 0, v_head_dim % 4 == 0, both at most {ATTN_MAX_HEAD_DIM}")
-    pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max)
+    pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max, **q8_out_consts(xq, n_heads, v_head_dim, 6))
     data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
     p = _params(kernels, data, params, "attention")
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, T, 1), "attention")
+    res = [p, q, kcache, vcache, out, state] + ([xq] if xq is not None else [])
+    return Dispatch(pipe, kernels.bind(pipe, res), (n_heads, T, 1), "attention")
+
+
+def can_round_output(n_heads: int, v_head_dim: int) -> bool:
+    """Whether the attention kernels can also write their output rounded to 8
+    bits (wgsl/attn_q8_on.wgsl): whole 32-value blocks per head, whole 256-value
+    blocks per row, and a head's values within one combine workgroup."""
+    return v_head_dim % 32 == 0 and (n_heads * v_head_dim) % 256 == 0 and v_head_dim <= 256
+
+
+def q8_out_consts(xq, n_heads: int, v_head_dim: int, binding: int) -> dict:
+    """Template constants of an attention kernel's rounded output (attn_q8_on / attn_q8_off)."""
+    if xq is None:
+        return {"Q8": "off"}
+    if not can_round_output(n_heads, v_head_dim):
+        raise ValueError(f"cannot round an attention output of {n_heads} heads x {v_head_dim} to 8 bits")
+    return {"Q8": "on", "Q8_BINDING": binding, "Q8_K": n_heads * v_head_dim}
 
 
 def gated_dispatch(kernels: Kernels, g, u, y, n: int, act: str, params=None) -> Dispatch:

@@ -42,10 +42,17 @@ def _buffer(kernels: Kernels, kind: str, nbytes: int):
     return buf
 
 
-def quantize_dispatch(kernels: Kernels, x, K: int, T: int, x_stride: int | None = None) -> tuple[Dispatch, object]:
+def scratch(kernels: Kernels, K: int, T: int):
+    """The device's q8 scratch, large enough for T rounded rows of K values."""
+    return _buffer(kernels, "q8", 4 * T * words(K))
+
+
+def quantize_dispatch(kernels: Kernels, x, K: int, T: int, x_stride: int | None = None,
+                      into=None) -> tuple[Dispatch, object]:
     """x [T, K] (rows x_stride floats apart) rounded (wgsl/quantize_q8.wgsl):
-    (the dispatch, the buffer it writes, `words(K)` words per token)."""
-    xq = _buffer(kernels, "q8", 4 * T * words(K))
+    (the dispatch, the buffer it writes, `words(K)` words per token): `into`,
+    or the device's q8 scratch."""
+    xq = into if into is not None else scratch(kernels, K, T)
     pipe = kernels.pipeline("quantize_q8", "main")
     p = KS._params(kernels, KS._pack([("K", "u32", K), ("T", "u32", T), ("x_stride", "u32", x_stride or K),
                                        ("q_stride", "u32", words(K))]), None, "quantize")

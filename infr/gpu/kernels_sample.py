@@ -3,7 +3,8 @@ buffer into the next token id, built once per buffer set.
 
 `SampleKernels(kern, n_vocab, x, seq, state, out)` owns the scratch and
 uniform buffers; `dispatches(params)` is the prebuilt list for one kind of
-settings (greedy, top_k on/off, top_p on/off, penalties on/off) and `set()`
+settings (greedy, top_k on/off and up to CAND_MAX or not, top_p on/off,
+penalties on/off) and `set()`
 writes the values (temperature, seed, ...) into the uniform, so a new request
 with new values rebuilds nothing. The numpy twin is infr/cpu/sample.py.
 """
@@ -18,7 +19,9 @@ from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.sampling import SamplingParams
 
 SLICE = 4096  # values per workgroup in the full-vocabulary passes
-ROUNDS = 8  # 4 key bits per radix round
+ROUNDS = 8  # 4 key bits per radix round (sample.wgsl)
+ROUNDS8 = 4  # 8 key bits per round (sample_topk.wgsl)
+CAND_MAX = 1024  # top_k up to this many runs sample_topk.wgsl (its CAND_MAX)
 NONE = 0xFFFFFFFF
 MAX_PENALTY_WINDOW = 1024  # the penalty kernel is one workgroup, quadratic in the window
 
@@ -29,7 +32,13 @@ def parts_for(n: int) -> int:
 
 def scratch_words(n: int, rows: int) -> int:
     parts = parts_for(n)
-    return 64 + 2 * parts + 128 * parts + 2 * rows * parts
+    return 64 + 2 * parts + 128 * parts + 2 * rows * parts + 2 * 256 * parts + 2 * CAND_MAX
+
+
+def takes_topk(params: SamplingParams, n: int) -> bool:
+    """Whether these settings run the top_k path (sample_topk.wgsl): 6 dispatches."""
+    c = ref.constants(params, n)
+    return not params.greedy and c.use_k and c.top_k <= CAND_MAX
 
 
 def supports(params: SamplingParams, n_ctx: int) -> bool:
@@ -66,17 +75,19 @@ class SampleKernels:
         self.scratch = storage(dev, 4 * scratch_words(self.n, self.rows), label="sample.scratch")
         self.params = storage(dev, np.frombuffer(pack_params(self.n, SamplingParams(), 0, rows), np.uint8),
                               label="sample.params", uniform=True)
-        self._bufs = [x, seq, state, self.scratch, out]
+        self.counter = storage(dev, 16, label="sample.counter")
+        self._bufs = [x, seq, state, self.scratch, out, self.counter]
         self._steps: dict[tuple[int, int], object] = {}
         self._argmax = KS.argmax_dispatches(kern, x, out, self.n)
         self._cache: dict[tuple, list[Dispatch]] = {}
 
-    def _dispatch(self, entry: str, groups, job: int = 0, rnd: int = 0, label: str = "") -> Dispatch:
+    def _dispatch(self, entry: str, groups, job: int = 0, rnd: int = 0, label: str = "",
+                  module: str = "sample") -> Dispatch:
         step = self._steps.get((job, rnd))
         if step is None:
             step = self._steps[(job, rnd)] = storage(self.kern.dev, np.array([job, rnd, 0, 0], np.uint32),
                                                      label="sample.step", uniform=True)
-        pipe = self.kern.pipeline("sample", entry)
+        pipe = self.kern.pipeline(module, entry)
         return Dispatch(pipe, self.kern.bind(pipe, [self.params, step, *self._bufs]), groups, label or f"sample_{entry}")
 
     def set(self, params: SamplingParams, seed: int) -> None:
@@ -86,12 +97,18 @@ class SampleKernels:
         """The prebuilt list for settings of this kind (values come from set())."""
         c = ref.constants(params, self.n)
         pen = penalties and ref.has_penalties(params)
-        key = (params.greedy, c.use_k, c.use_p, pen)
+        key = (params.greedy, c.use_k, c.use_p, pen, takes_topk(params, self.n))
         if key in self._cache:
             return self._cache[key]
         out = [self._dispatch("penalize", (1, 1, 1))] if pen else []
         if params.greedy:
             out += self._argmax
+        elif takes_topk(params, self.n):  # top_p and min_p then look only inside the top_k set
+            P = self.parts
+            out += [self._dispatch("radix8", (P, 1, 1), 0, r, f"sample_radix8 k{r}", "sample_topk")
+                    for r in range(ROUNDS8)]
+            out.append(self._dispatch("collect", (P, 1, 1), label=f"sample_collect {self.n}", module="sample_topk"))
+            out.append(self._dispatch("pick", (self.rows, 1, 1), label="sample_pick", module="sample_topk"))
         else:
             P = self.parts
             out.append(self._dispatch("maxpart", (P, 1, 1), label=f"sample_max {self.n}"))

@@ -121,6 +121,40 @@ def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
         _check(f"switch n_kv={n_kv}", got, want, vc, n_kv)
 
 
+@pytest.mark.parametrize("path", ["one_pass", "split_k", "tiled"])
+def test_rounded_output(gpu, kernels, monkeypatch, path):
+    """With `xq`, the attention output also comes rounded to 8 bits for the o
+    projection's Q4_K GEMV, word for word what a quantize dispatch of the
+    output writes: from the one-pass kernel and split-K's combine themselves, and
+    from a quantize dispatch after the tiled prefill kernel."""
+    from infr.gpu import kernels_q8 as KQ
+
+    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
+    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    n_heads, kv_heads, hd, vd, n_ctx = 8, 2, 64, 64, 300
+    T = 6 if path == "tiled" else 2
+    K = n_heads * vd
+    rng = np.random.default_rng(11)
+    kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    qb, out, state = _buf(gpu, q), storage(gpu, T * K * 4), _buf(gpu, M.pack_state(0, T))
+    xq, ref = storage(gpu, 4 * T * KQ.words(K)), storage(gpu, 4 * T * KQ.words(K))
+    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, state, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
+                                 n_heads, kv_heads, hd, vd, 1.0 / np.sqrt(hd), None, None, T, n_ctx=n_ctx, xq=xq)
+    labels = [d.label.split()[0] for d in ds]
+    assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled", "quantize_q8"]
+    n_kv = {"one_pass": 30, "split_k": 250, "tiled": 200}[path]  # one-pass up to 40 keys, split-K past them
+    _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+    gpu.device.queue.write_buffer(state, 0, M.pack_state(n_kv - T, T))
+    run(gpu, ds)
+    run(gpu, [KQ.quantize_dispatch(kernels, out, K, T, into=ref)[0]])
+    got, want = (read(gpu, b, np.uint32, count=T * KQ.words(K)) for b in (xq, ref))
+    assert np.isfinite(read(gpu, out, count=T * K)).all()
+    assert np.count_nonzero(want[: K // 4]) > K // 8  # real rounded bytes, not an untouched buffer
+    np.testing.assert_array_equal(got, want)
+
+
 def test_split_k_chunk_choice():
     assert KA.chunk_size(4096) == 128
     assert KA.chunk_size(131072) == 128       # 1024 chunks
@@ -255,11 +289,14 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, monkeypatch):
     plan = build_plan(build_spec(gf))
     n_ctx = 300
     gpu_be, cpu_be = GPUBackend(gf, plan, n_ctx, dev=gpu), CPUBackend(gf, plan, n_ctx)
-    labels = [d.label.split()[0] for d in gpu_be._decode_step().dispatches]
     n = plan.spec.n_layers
-    assert labels.count("rope_kv_neox") == n and "rope_neox" not in labels and "kv_store" not in labels
-    assert labels.count("attn_scores") == labels.count("attn_values") == labels.count("attn_combine") == n
-    assert labels.count("attention") == n
+    # One decode graph per span: one-pass attention for steps that see at most 160 keys, split-K past them.
+    near, far = ([d.label.split()[0] for d in gpu_be._decode_step(f).dispatches] for f in (False, True))
+    assert near.count("rope_kv_neox") == n and "rope_neox" not in near and "kv_store" not in near
+    assert near.count("attention") == n and "attn_scores" not in near
+    assert far.count("attn_scores") == far.count("attn_values") == far.count("attn_combine") == n
+    assert "attention" not in far
+    assert gpu_be.spans(150, 20) == [(False, 10), (True, 10)] and gpu_be.spans(170, 3) == [(True, 3)]
     rng = np.random.default_rng(0)
     ids = rng.integers(0, plan.spec.n_vocab, 165).tolist()
     got = gpu_be.forward(ids, 0, n_logits=4)
@@ -268,6 +305,7 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, monkeypatch):
     tiled = [d.label.split()[0] for d in gpu_be._graph(37, 4)[0].dispatches]
     assert tiled.count("attn_tiled") == n
     for pos in (150, 165, 166):  # decode: one-pass, then split-K with keys in chunk 1 (and 0 for the global layer)
+        assert gpu_be._far(pos, 1) == (pos >= 160)
         tok = int(np.argmax(want[-1]))
         want = cpu_be.forward([tok], pos)
         got = gpu_be.forward([tok], pos)

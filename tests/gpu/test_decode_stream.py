@@ -54,6 +54,35 @@ def test_greedy_stream_equals_decode_greedy_and_cpu(backends):
     assert streamed == want
 
 
+def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, monkeypatch):
+    """A context long enough for both attention forms: the host runs each step's
+    token in the near graph (one-pass attention) up to split_from keys and in the
+    far one (split-K) past them, within one submit too, and the tokens stay the
+    CPU reference's (decode_greedy, the streaming loop and forward alike)."""
+    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
+    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "64")
+    gf = open_gguf(smollm2_path)
+    plan = build_plan(build_spec(gf))
+    gpu_be, cpu_be = GPUBackend(gf, plan, 96, dev=gpu), CPUBackend(gf, plan, 96)
+    near, far = ([d.label.split()[0] for d in gpu_be._decode_step(f).dispatches] for f in (False, True))
+    assert "attention" in near and "attn_scores" not in near
+    assert "attn_scores" in far and "attention" not in far
+    prompt = _cases()[0]["prompt_ids"][:30]
+    token, want = int(np.argmax(cpu_be.forward(prompt, 0)[-1])), []
+    for i in range(20):  # tokens at positions 30 .. 49: past 40 keys at position 39
+        want.append(token)
+        token = int(np.argmax(cpu_be.forward([token], len(prompt) + i)[-1]))
+    logits = gpu_be.forward(prompt, 0)[-1]
+    first = int(np.argmax(logits))
+    assert [first] + gpu_be.decode_greedy(first, len(prompt), 19, per_submit=4) == want
+    assert list(gpu_be.decode_stream(logits, prompt, 20, SamplingParams(temperature=0), per_submit=4)) == want
+    stepped, tok = [], first
+    for i in range(20):  # forward() itself picks the graph from the position
+        stepped.append(tok)
+        tok = int(np.argmax(gpu_be.forward([tok], len(prompt) + i)[-1]))
+    assert stepped == want
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.3, top_k=0, top_p=0.98, min_p=0.0, seed=11),
     SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.02, repeat_penalty=1.5, frequency_penalty=0.3,

@@ -49,7 +49,25 @@ PARAMS = {
     "min_p_only": SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.2),
     "none": SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
     "wide": SamplingParams(temperature=2.0, top_k=1000, top_p=0.5, min_p=0.01),
+    # past kernels_sample.CAND_MAX: top_k by sample.wgsl's 4-bit radix rounds, with top_p and min_p
+    "wider": SamplingParams(temperature=1.3, top_k=1500, top_p=0.9, min_p=0.001),
 }
+
+
+def test_top_k_takes_the_candidate_path(gpu, kernels):
+    """top_k up to CAND_MAX: four 8-bit radix rounds, the collect pass and the
+    pick over the sorted candidates (sample_topk.wgsl); past it, and without
+    top_k, sample.wgsl's chain."""
+    from infr.gpu import kernels_sample as KSA
+
+    n = 5000
+    x = storage(gpu, np.zeros(n, np.float32))
+    sk = SampleKernels(kernels, n, x, storage(gpu, 64), storage(gpu, 16), storage(gpu, 16))
+    labels = lambda p: [d.label.split()[0] for d in sk.dispatches(p)]
+    assert labels(PARAMS["default"]) == ["sample_radix8"] * 4 + ["sample_collect", "sample_pick"]
+    assert labels(SamplingParams(top_k=KSA.CAND_MAX)) == labels(PARAMS["default"])
+    for p in (PARAMS["wider"], PARAMS["top_p_only"]):
+        assert "sample_radix8" not in labels(p) and "sample_draw" in labels(p)
 
 
 @pytest.mark.parametrize("vec", list(VECTORS))
