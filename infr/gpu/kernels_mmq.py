@@ -57,8 +57,8 @@ def use_mmq(T: int, dev=None, tensor=None) -> bool:
     """Whether a batch of T tokens times `tensor` (None: any Q4_K matrix) runs
     this kernel on `dev`. The same rule on every adapter: on lavapipe it beat
     the f32 GEMM that runs batches there at T = 16 and 64 alike, and the GEMV
-    2.5-5x at T = 64 (module docstring); `dev` is taken so a per-adapter rule
-    can come from the H200 tuning."""
+    2.5-5x at T = 64 (module docstring); on the H200 the GEMV wins below 32
+    tokens (MMQ_MIN_T). `dev` is unused: the place for a per-adapter rule."""
     if tensor is not None and not applies(tensor):
         return False
     return T >= min_tokens()
