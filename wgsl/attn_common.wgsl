@@ -51,3 +51,24 @@ fn merge_ml(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     let m = max(a.x, b.x);
     return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
 }
+
+// What split-K workgroup `wid` of attn_scores / attn_values works on (the
+// including kernel declares `params`): query heads h0 .. h0 + hg of kv head
+// kvh for batch token wid.z at position start + wid.z, its keys [lo, hi), and
+// chunks of c keys this workgroup takes from c_start (the first the query sees + wid.x) to
+// c_last; nothing to do when c_start > c_last.
+struct SplitWork {
+    h0: u32,
+    kvh: u32,
+    lo: u32,
+    hi: u32,
+    c_start: u32,
+    c_last: u32,
+}
+
+fn split_work(wid: vec3<u32>, start: u32, hg: u32, c: u32) -> SplitWork {
+    let h0 = wid.y * hg;
+    let pos = start + wid.z;
+    let lo = key_lo(pos, params.window);
+    return SplitWork(h0, h0 / (params.n_heads / params.kv_heads), lo, pos + 1u, lo / c + wid.x, pos / c);
+}

@@ -36,22 +36,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let t = wid.z;
-    let group = params.n_heads / params.kv_heads;
-    let h0 = wid.y * HG;
-    let kvh = h0 / group;
-    let pos = state[0] + t;
-    let lo = key_lo(pos, params.window);
-    let hi = pos + 1u;
-    let c_last = (hi - 1u) / C;
-    if (lo / C + wid.x > c_last) {
+    let work = split_work(wid, state[0], HG, C);
+    if (work.c_start > work.c_last) {
         return;
     }
+    let h0 = work.h0;
+    let kvh = work.kvh;
+    let lo = work.lo;
+    let hi = work.hi;
     // q rounded to f16, as the reference does.
     for (var i = tid; i < HG * HD / 4u; i += WG) {
         let b = (t * params.n_heads + h0) * HD + 4u * i;
         qs[i] = vec4<f32>(f16_round(q[b]), f16_round(q[b + 1u]), f16_round(q[b + 2u]), f16_round(q[b + 3u]));
     }
-    for (var c = lo / C + wid.x; c <= c_last; c += nwg.x) {
+    for (var c = work.c_start; c <= work.c_last; c += nwg.x) {
         workgroupBarrier();  // qs written; red free again
         let k0 = c * C;
         var ml: array<vec2<f32>, HG>;

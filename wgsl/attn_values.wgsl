@@ -38,22 +38,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let t = wid.z;
-    let group = params.n_heads / params.kv_heads;
-    let h0 = wid.y * HG;
-    let kvh = h0 / group;
-    let pos = state[0] + t;
-    let lo = key_lo(pos, params.window);
-    let hi = pos + 1u;
-    let c_last = (hi - 1u) / C;
-    if (lo / C + wid.x > c_last) {
+    let work = split_work(wid, state[0], HG, C);
+    if (work.c_start > work.c_last) {
         return;
     }
+    let h0 = work.h0;
+    let kvh = work.kvh;
+    let lo = work.lo;
+    let hi = work.hi;
     // Global (max, sum) over the chunks [lo / C, (hi - 1) / C].
     var ml: array<vec2<f32>, HG>;
     for (var g = 0u; g < HG; g++) {
         ml[g] = vec2<f32>(NEG_BIG, 0.0);
     }
-    for (var cc = lo / C + tid; cc <= c_last; cc += WG) {
+    for (var cc = lo / C + tid; cc <= work.c_last; cc += WG) {
         for (var g = 0u; g < HG; g++) {
             ml[g] = merge_ml(ml[g], stats[(t * params.n_heads + h0 + g) * params.max_chunks + cc]);
         }
@@ -70,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let gml = red[0];
 
-    for (var c = lo / C + wid.x; c <= c_last; c += nwg.x) {
+    for (var c = work.c_start; c <= work.c_last; c += nwg.x) {
         let k0 = c * C;
         workgroupBarrier();  // probs and red_v free again
         for (var kk = 0u; kk < C; kk += WG) {

@@ -18,7 +18,7 @@
 //
 // Entry points and dispatches (all share one bind group layout):
 //   penalize (1,1,1)        repeat/presence/frequency penalties in place on x
-//   maxpart  (parts,1,1)    per-slice max and argmax
+//   (argmax.wgsl `partial`, slice = 4096, writes each slice's (max, index) at scratch[PMAX])
 //   radix    (parts,1,1)    one radix round of job step.job (0 top_k, 1 top_p)
 //   draw     (parts,rows,1) per-slice Gumbel winner of each row
 //   merge    (rows,1,1)     out[row] = the winner
@@ -44,13 +44,14 @@ var<workgroup> sh_cut: vec4<u32>;  // (v, c, job, all kept)
 var<workgroup> sh_rank: array<u32, WG>;
 var<workgroup> sh_before: array<u32, WG>;
 
-// The maximum of x (merged from the slice maxima, all threads at once) into sh_m.
-fn load_max(tid: u32) {
+// The best of the per-slice (value bits, index) pairs at scratch[base + 2 p],
+// p < parts, into best_v[0] / best_i[0].
+fn best_of_parts(base: u32, tid: u32) {
     var bv = 0.0;
     var bi = NONE;
     for (var p = tid; p < params.parts; p += WG) {
-        let v = bitcast<f32>(scratch[PMAX + 2u * p]);
-        let i = scratch[PMAX + 2u * p + 1u];
+        let v = bitcast<f32>(scratch[base + 2u * p]);
+        let i = scratch[base + 2u * p + 1u];
         if (beats(v, i, bv, bi)) {
             bv = v;
             bi = i;
@@ -59,6 +60,11 @@ fn load_max(tid: u32) {
     best_v[tid] = bv;
     best_i[tid] = bi;
     reduce_best(tid);
+}
+
+// The maximum of x (merged from the slice maxima, all threads at once) into sh_m.
+fn load_max(tid: u32) {
+    best_of_parts(PMAX, tid);
     if (tid == 0u) {
         sh_m = best_v[0];
     }
@@ -191,29 +197,6 @@ fn penalize(@builtin(local_invocation_index) tid: u32) {
             v = select(v * params.rep_inv, v * params.rep, v <= 0.0);
         }
         x[t] = v - (f32(cnt) * params.freq + params.pres);
-    }
-}
-
-@compute @workgroup_size(WG)
-fn maxpart(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    touch();
-    let lo = wid.x * params.slice;
-    let hi = min(params.n, lo + params.slice);
-    var bv = 0.0;
-    var bi = NONE;
-    for (var i = lo + tid; i < hi; i += WG) {
-        let v = x[i];
-        if (bi == NONE || v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
-    best_v[tid] = bv;
-    best_i[tid] = bi;
-    reduce_best(tid);
-    if (tid == 0u) {
-        scratch[PMAX + 2u * wid.x] = bitcast<u32>(best_v[0]);
-        scratch[PMAX + 2u * wid.x + 1u] = best_i[0];
     }
 }
 
@@ -367,20 +350,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
-    var bv = 0.0;
-    var bi = NONE;
-    for (var p = tid; p < params.parts; p += WG) {
-        let o = dpart_at(wid.x, p);
-        let v = bitcast<f32>(scratch[o]);
-        let i = scratch[o + 1u];
-        if (beats(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
-    best_v[tid] = bv;
-    best_i[tid] = bi;
-    reduce_best(tid);
+    best_of_parts(dpart_at(wid.x, 0u), tid);
     if (tid == 0u) {
         out[wid.x] = best_i[0];
     }

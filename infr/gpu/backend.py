@@ -157,7 +157,8 @@ class GPUBackend:
         q = self.dev.device.queue
         q.write_buffer(self.ids, 0, ids)
         q.write_buffer(self.state, 0, KS.pack_state(start, T))
-        body, head, x_buf = self._graph(T, n_logits, self._far(start, T))
+        far = self._far(start, T)
+        body, head, x_buf = self._graph(T, n_logits, far)
         timer = profile.timer_for(self.dev)
         if timer is not None and len(body) + len(head) + 2 > timer.room:
             timer = None  # too many dispatches for one query set: this call goes untimed
@@ -175,7 +176,7 @@ class GPUBackend:
         if not n_logits:
             return np.zeros((0, self.plan.spec.n_vocab), np.float32)
         vocab = self.plan.spec.n_vocab
-        logits_buf = self._logits_buffer(T, n_logits, self._far(start, T))
+        logits_buf = self._logits_buffer(T, n_logits, far)
         with profile.HostClock(timer, "wait"):
             raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()

@@ -204,9 +204,19 @@ def argmax_dispatches(kernels: Kernels, x, out, n: int) -> list[Dispatch]:
     parts = max(1, -(-n // ARGMAX_SLICE))
     p = _params(kernels, pack_argmax(n, ARGMAX_SLICE, parts), None, "argmax")
     best = storage(kernels.dev, parts * 8, label="argmax.best")
-    first = kernels.pipeline("argmax", "partial")
     last = kernels.pipeline("argmax", "merge")
     return [
-        Dispatch(first, kernels.bind(first, [p, x, best, out]), (parts, 1, 1), f"argmax {n}"),
+        slice_maxima_dispatch(kernels, x, best, out, n, ARGMAX_SLICE, params=p),
         Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, 1, 1), "argmax_merge"),
     ]
+
+
+def slice_maxima_dispatch(kernels: Kernels, x, best, out, n: int, per: int, params=None,
+                          label: str | None = None) -> Dispatch:
+    """argmax.wgsl's first pass alone: best[s] = (max bits, lowest index of it) of
+    x[s * per, (s + 1) * per) for every slice s of x[:n]; `best` a buffer or a
+    (buffer, offset, size) range (the sampler's scratch). `out` is bound, not written."""
+    parts = max(1, -(-n // per))
+    p = _params(kernels, pack_argmax(n, per, parts), params, "argmax")
+    first = kernels.pipeline("argmax", "partial")
+    return Dispatch(first, kernels.bind(first, [p, x, best, out]), (parts, 1, 1), label or f"argmax {n}")

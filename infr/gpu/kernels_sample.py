@@ -111,7 +111,9 @@ class SampleKernels:
             out.append(self._dispatch("pick", (self.rows, 1, 1), label="sample_pick", module="sample_topk"))
         else:
             P = self.parts
-            out.append(self._dispatch("maxpart", (P, 1, 1), label=f"sample_max {self.n}"))
+            # the slice maxima, by argmax's first pass, into scratch[PMAX] (byte 256: a valid binding offset)
+            out.append(KS.slice_maxima_dispatch(self.kern, self._bufs[0], (self.scratch, 256, 8 * P), self._bufs[4],
+                                                self.n, SLICE, label=f"sample_max {self.n}"))
             for job, on in ((0, c.use_k), (1, c.use_p)):
                 if on:
                     out += [self._dispatch("radix", (P, 1, 1), job, r, f"sample_radix {'kp'[job]}{r}")

@@ -60,6 +60,17 @@ def test_sixteen_concurrent_streams(server):
     assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_requests_waiting") == 0
 
 
+def _await_cancelled(server, before: float) -> str:
+    """The metrics once a cancellation past `before` is counted and no slot is busy (2 minutes at most)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = _metrics(server)
+        if _metric(m, "infr_requests_cancelled_total") > before and _metric(m, "infr_slots_busy") == 0:
+            break
+        time.sleep(0.2)
+    return m
+
+
 def test_disconnect_cancels_and_frees_slot(server):
     before = _metric(_metrics(server), "infr_requests_cancelled_total")
     body = {"model": "smol", "messages": [{"role": "user", "content": "Tell a very long story."}],
@@ -70,12 +81,7 @@ def test_disconnect_cancels_and_frees_slot(server):
             lines = r.iter_lines()
             got = [next(lines) for _ in range(6)]  # a few chunks, then hang up
             assert any(line.startswith("data: ") for line in got)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = _metrics(server)
-        if _metric(m, "infr_requests_cancelled_total") > before and _metric(m, "infr_slots_busy") == 0:
-            break
-        time.sleep(0.2)
+    m = _await_cancelled(server, before)
     assert _metric(m, "infr_requests_cancelled_total") == before + 1
     assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_slots_idle") == 4
 
@@ -89,12 +95,7 @@ def test_non_stream_disconnect_cancels_and_frees_slot(server):
             "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
     with pytest.raises(httpx.ReadTimeout):  # the client hangs up after 2 s without an answer
         httpx.post(server + "/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(60, read=2.0))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = _metrics(server)
-        if _metric(m, "infr_requests_cancelled_total") > before and _metric(m, "infr_slots_busy") == 0:
-            break
-        time.sleep(0.2)
+    m = _await_cancelled(server, before)
     assert _metric(m, "infr_requests_cancelled_total") == before + 1
     assert _metric(m, "infr_slots_busy") == 0 and _metric(m, "infr_slots_idle") == 4
     assert _metric(m, 'infr_errors_total{status="499"}') >= 1  # the answer nobody received
