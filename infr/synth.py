@@ -507,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infr.synth", description="Write a random-weight GGUF model.")
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--type", default=None, choices=WEIGHT_TYPES, help="llama.cpp file type (its per-tensor mix), NAME-pure, Q4_K or Q5_K (default: the preset's, F32)")
+    ap.add_argument("--type", default=None, choices=WEIGHT_TYPES,
+                    help="a llama-quantize file type (with its per-tensor mix), NAME-pure, Q4_K or Q5_K "
+                         "(default: the preset's, F32)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     spec = PRESETS[args.preset]
