@@ -44,7 +44,7 @@ class GPUBackend:
     name = "gpu"
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
-                 progress=None):
+                 progress=None, kv_blocks: int | None = None, max_seqs: int = 1):
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         self.dev = dev or get_device()
         profile.install_from_env()
