@@ -58,9 +58,15 @@ class Backend(Protocol):
     n_ctx: int
     n_blocks: int  # KV store size in blocks of block_size tokens (infr/kvpool.py)
     block_size: int
+    kv_bytes_per_token: int  # KV cache bytes one token takes, all layers
+    multi_step: int  # greedy decode steps decode_steps runs per call (1: none; the engine calls step)
 
     def step(self, batch: Batch) -> StepResult:
         """Every row of the batch through the model; one sampled token per output row."""
+        ...
+
+    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows, tokens kept on the device (multi_step > 1)."""
         ...
 
     def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:

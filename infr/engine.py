@@ -178,7 +178,7 @@ class Session:
             self.stats.generate_seconds += time.perf_counter() - t0
             self.stats.prompt_tokens = len(prompt)
             self.stats.reused_tokens = req.cached_tokens or 0
-            self.tokens = list(req.tokens)
+            self.tokens = list(prompt) + out[:sent]  # the conversation as the caller got it
 
     @staticmethod
     def _check(req: Request) -> None:

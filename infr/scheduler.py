@@ -165,6 +165,8 @@ class Scheduler:
             while self._inbox:
                 self.waiting.append(self._inbox.popleft())
         self._drop_cancelled()
+        if self._multi_step():
+            return True
         chunks = self._schedule()
         if not chunks:
             return False
@@ -200,6 +202,53 @@ class Scheduler:
                 self._accept(req, int(res.tokens[i]), res.logits.get(i))
             except Exception as e:  # on_token failed: that request ends with the error
                 self._finish(req, "error", error=f"{type(e).__name__}: {e}")
+        return True
+
+    def _multi_step(self) -> bool:
+        """Several greedy decode steps in one backend call (tokens stay on the device) when every
+        running request is decoding greedily with nothing to check per token on the device side
+        and nobody waits: up to backend.multi_step steps, as many as the closest finish allows.
+        A request that ends part-way (end-of-generation, a stop string) drops the rest of its
+        tokens; the KV they wrote is past its end and goes with its blocks."""
+        k = self.backend.multi_step
+        run = self.running
+        if k < 2 or self.waiting or not run or len(run) > 64:
+            return False
+        for r in run:
+            if (len(r.tokens) - r.computed != 1 or r.hold or r.mask is not None or r.want_logits
+                    or not r.params.greedy or has_penalties(r.params) or r.cancelled):
+                return False
+            k = min(k, r.max_new - len(r.output), self.n_ctx - len(r.tokens))
+        if k < 2:
+            return False
+        run = sorted(run, key=lambda r: r.id)
+        for r in run:
+            if not self._grow(r, r.computed + k):
+                return False  # the normal step preempts as needed
+        outputs = [OutputRow(i, r.params) for i, r in enumerate(run)]
+        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks) for r in run], outputs)
+        t0 = time.perf_counter()
+        try:
+            steps = self.backend.decode_steps(batch, k)
+        except Exception as e:
+            for r in run:
+                self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+            raise
+        dt = (time.perf_counter() - t0) / k
+        for tokens in steps:
+            live = [r for r in run if not r.done]
+            if not live:
+                break
+            self.stats.add_step(len(live), len(live), dt)
+            for r, token in zip(run, tokens):
+                if r.done:
+                    continue
+                r.computed += 1
+                self._register_full_blocks(r)
+                try:
+                    self._accept(r, int(token), None)
+                except Exception as e:
+                    self._finish(r, "error", error=f"{type(e).__name__}: {e}")
         return True
 
     def run_until(self, done: Callable[[], bool]) -> None:

@@ -146,7 +146,7 @@ def main() -> int:
     if args.llama:
         from infr import llamacpp
 
-        binary = llamacpp.find("server")
+        binary = llamacpp.find("server").path
         port = _port()
         lcmd = [str(binary), "-m", str(path), "-ngl", "999" if args.backend == "gpu" else "0",
                 "-c", str(args.ctx * args.parallel), "-np", str(args.parallel), "--host", "127.0.0.1",

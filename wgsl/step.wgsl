@@ -6,6 +6,8 @@
 // sequence slot; every live row moves to its next position, slots stay.
 //   main     (decode_greedy): token_log[state[2]] = ids[0], state[2] += 1
 //   context  (the sampling loop, infr/gpu/decode.py): seq[state[0] + 1] = ids[0]
+//   batch    (the engine's multi-step decode): token_log[state[2] + t] = ids[t] for each live
+//            row t, state[2] += state[1]
 
 @group(0) @binding(0) var<storage, read> ids: array<u32>;
 @group(0) @binding(1) var<storage, read_write> state: array<u32>;
@@ -30,5 +32,16 @@ fn main() {
 @compute @workgroup_size(1)
 fn context() {
     token_log[state[0] + 1u] = ids[0];
+    advance();
+}
+
+@compute @workgroup_size(1)
+fn batch() {
+    let n = state[2];
+    let live = state[1];
+    for (var t = 0u; t < live; t++) {
+        token_log[n + t] = ids[t];
+    }
+    state[2] = n + live;
     advance();
 }

@@ -28,6 +28,7 @@ class ContextFullError(InfrError):
 
 class CPUBackend:
     name = "cpu"
+    multi_step = 1  # the engine runs one step per call (each step's tokens are known at once)
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: int | None = None,
                  block_size: int = BLOCK_SIZE):
@@ -85,6 +86,15 @@ class CPUBackend:
         res.logits = {i: logits[i] for i, o in enumerate(outs) if o.want_logits}
         return res
 
+    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next."""
+        out = []
+        for _ in range(k):
+            tokens = self.step(batch).tokens
+            out.append(tokens)
+            batch = Batch(np.asarray(tokens, np.int32), batch.positions + 1, batch.slots, batch.tables, batch.outputs)
+        return out
+
     # --- execution
 
     def _check_ids(self, ids: np.ndarray) -> None:
@@ -120,7 +130,11 @@ class CPUBackend:
     def _run(self, op, env: dict[str, np.ndarray], ids: np.ndarray | None, ctx: "_Rows | None") -> None:
         w = self.w
         if isinstance(op, MatMul):
-            y = F.matmul_input(env[op.src], self.gf.tensor(op.weight).qtype) @ w[op.weight].T
+            x = F.matmul_input(env[op.src], self.gf.tensor(op.weight).qtype)
+            if x.shape[0] == 1:  # BLAS takes one row to gemv, whose sums differ from gemm's: a row
+                y = (np.concatenate([x, x]) @ w[op.weight].T)[:1]  # gives the same values alone or in a batch
+            else:
+                y = x @ w[op.weight].T
             if op.bias:
                 y += w[op.bias]
             env[op.dst] = y

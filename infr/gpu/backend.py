@@ -258,6 +258,10 @@ class GPUBackend:
             raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(2 * st.n_kv_heads * (st.head_dim + st.v_head_dim) for st in self.plan.state)
+
     # --- the engine's step
 
     def step(self, batch: Batch) -> StepResult:
@@ -325,6 +329,64 @@ class GPUBackend:
                 if outs[i].want_logits:
                     res.logits[i] = logits[i].copy()
         return res
+
+    multi_step = 16  # greedy decode steps the engine may run per call of decode_steps
+
+    def decode_steps(self, batch: Batch, k: int, per_submit: int = 4) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows (row t: one sequence's next token, every
+        row an output row), tokens kept on the GPU: each step's argmax writes the next step's
+        ids, the step kernel logs them and advances every row; the host encodes submit j + 1
+        while the GPU runs submit j and reads the k x rows token log once. Returns each step's
+        tokens, in row order. The caller owns blocks for every position the k steps write."""
+        L = batch.rows
+        if L != len(batch.outputs) or [o.row for o in batch.outputs] != list(range(L)):
+            raise InfrError("decode_steps runs a batch whose every row is an output row, in order")
+        if not 1 <= k <= TOKEN_LOG // max(L, 1):
+            raise InfrError(f"decode_steps runs 1..{TOKEN_LOG // L} steps of {L} rows")
+        last = int(batch.positions.max()) + k - 1
+        if last >= self.blocks_per_seq * self.block_size:
+            raise InfrError(f"context full: position {last} is past {self.n_ctx}")
+        T = _bucket(L)
+        n_slots = max(batch.tables) + 1
+        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
+        for slot, blocks in batch.tables.items():
+            table[slot, : len(blocks)] = blocks
+        q = self.dev.device.queue
+        q.write_buffer(self.block_table, 0, table.reshape(-1))
+        self._identity = False
+        ids = np.zeros(T, np.uint32)
+        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
+        ids[:L], pos[:L], slots[:L] = batch.tokens, batch.positions, batch.slots
+        q.write_buffer(self.ids, 0, ids)
+        KS.write_rows(self.dev, self.paging, pos, slots, L)  # state: [0] row 0's position, [1] L live, [2] 0 logged
+        start = int(batch.positions.max())
+        done = 0
+        while done < k:
+            n = min(per_submit, k - done)
+            enc = self.dev.device.create_command_encoder()
+            cpass = enc.begin_compute_pass()
+            for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
+                self._multi_step(T, far).encode(cpass, times=times)
+            cpass.end()
+            q.submit([enc.finish()])
+            done += n
+        log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
+        return log.reshape(k, L).tolist()
+
+    def _multi_step(self, T: int, far: bool) -> Recording:
+        """One greedy step of T decode rows (the graph with every row an output row),
+        argmax into ids, then the step kernel's `batch` entry."""
+        far = far and self._has_spans(T, True)
+        cache = self.__dict__.setdefault("_multi", {})
+        if (T, far) not in cache:
+            body, head, _ = self._graph(T, T, far, True)
+            logits = self._logits_buffer(T, T, far, True)
+            argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
+            pipe = self.kern.pipeline("step", "batch")
+            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]),
+                               (1, 1, 1), "step")
+            cache[(T, far)] = Recording(body.dispatches + head.dispatches + argmax + [advance])
+        return cache[(T, far)]
 
     def _argmax_rows(self, logits_buf, rows: int) -> list[Dispatch]:
         """argmax of each of the first `rows` rows of a logits buffer into step_tokens (built once per buffer)."""
