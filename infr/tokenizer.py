@@ -26,6 +26,7 @@ Decoding does not use HF: it joins each token's bytes and applies llama.cpp's
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import threading
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -345,9 +346,10 @@ def _build(gf: GGUFFile) -> Tokenizer:
     tokens = gf.get("tokenizer.ggml.tokens")
     if not tokens:
         raise GGUFError(f"{name}: no tokenizer.ggml.tokens in metadata")
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    if "" in tokens:  # a new list: the metadata's stays as the file has it
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     n = len(tokens)
-    vocab = {t: i for i, t in enumerate(tokens)}
+    vocab = dict(zip(tokens, range(n)))
     if len(vocab) != n:
         raise GGUFError(f"{name}: tokenizer.ggml.tokens holds duplicate entries")
 
@@ -425,8 +427,8 @@ def _end_of_generation(gf, tokens, vocab, attrs, eos_id, special_id) -> frozense
             if tid is not None:
                 attrs[tid] |= CONTROL  # llama.cpp overrides a non-control type here
         found[key] = tid
-    for i, t in enumerate(tokens):  # control tokens named "unused" are unused
-        if attrs[i] & CONTROL and "unused" in t:
+    for i in np.flatnonzero(attrs & CONTROL).tolist():  # control tokens named "unused" are unused
+        if "unused" in tokens[i]:
             attrs[i] |= UNUSED
 
     eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep") if found[k] is not None}
@@ -512,11 +514,19 @@ def _merges_from_gguf(gf) -> list[tuple[str, str]]:
     merges = gf.get("tokenizer.ggml.merges")
     if merges is None:
         raise GGUFError(f"{gf.path.name}: cannot find tokenizer merges in model file")
+    text = getattr(merges, "text", None)
+    if text is not None:  # bulk form (infr.gguf_meta.StrArray): the same rule as one regex pass
+        return _MERGE_RE.findall(text)
     out = []
     for m in merges:
         cut = m.find(" ", 1)  # a merge's first half may itself be a space
         out.append((m[:cut], m[cut + 1 :]) if cut > 0 else ("", ""))
     return [p for p in out if p[0]]
+
+
+# A merge "a b": `a` runs to the first space after its first character (which may be a space).
+# On a StrArray's text each entry follows 8 NULs and holds none.
+_MERGE_RE = re.compile("\x00{8}([^\x00][^ \x00]*) ([^\x00]*)")
 
 
 def _merges_from_scores(gf, tokens: Sequence[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -528,6 +538,10 @@ def _merges_from_scores(gf, tokens: Sequence[str], vocab: dict[str, int]) -> lis
     scores = gf.get("tokenizer.ggml.scores")
     scores = np.zeros(len(tokens)) if scores is None else np.asarray(scores, dtype=np.float64)[: len(tokens)]
     order = np.lexsort((np.arange(len(tokens)), -scores))  # score descending, then id
+    if getattr(tokens, "blob", None) is not None:  # bulk form (infr.gguf_meta.StrArray)
+        merges = _splits_bulk(tokens, order)
+        if merges is not None:
+            return merges
     merges = []
     for i in order.tolist():
         t = tokens[i]
@@ -538,3 +552,70 @@ def _merges_from_scores(gf, tokens: Sequence[str], vocab: dict[str, int]) -> lis
                 if b in vocab:
                     merges.append((a, b))
     return merges
+
+
+# Polynomial hashes of byte ranges, mod 2**64: h(s) = sum s[j] * B**j.
+_HASH_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
+_HASH_INV = pow(_HASH_BASE, -1, 1 << 64)
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    out = np.empty(n + 1, dtype=np.uint64)
+    out[0] = 1
+    out[1:] = base
+    return np.cumprod(out, out=out)  # wraps mod 2**64, as wanted
+
+
+def _splits_bulk(tokens, order: np.ndarray) -> list[tuple[str, str]] | None:
+    """`_merges_from_scores`'s loop on all tokens at once (Gemma 3: 2.1 s -> ~0.1 s).
+
+    Every split point of every token (a character boundary: not a UTF-8
+    continuation byte) is hashed as prefix and suffix and looked up among the
+    tokens' hashes. Hashes only propose: each proposed pair is checked to
+    spell its token exactly, and any doubt (two tokens with one hash, a check
+    that fails) returns None so the loop decides. Same pairs, same order.
+    """
+    blob, starts, lens = tokens.blob, tokens.starts, tokens.lens
+    if len(lens) != len(tokens) or not lens.all():
+        return None
+    n_blob = len(blob)
+    with np.errstate(over="ignore"):
+        pw, inv = _powers(_HASH_BASE, n_blob), _powers(_HASH_INV, n_blob)
+        acc = np.zeros(n_blob + 1, dtype=np.uint64)
+        np.cumsum(blob * pw[:-1], out=acc[1:])
+
+        def span(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return (acc[b] - acc[a]) * inv[a]
+
+        ends = starts + lens
+        token_hash = span(starts, ends)
+        by_hash = np.argsort(token_hash)
+        sorted_hash = token_hash[by_hash]
+        if (sorted_hash[1:] == sorted_hash[:-1]).any():
+            return None
+        n_cuts = lens - 1
+        tid = np.repeat(np.arange(len(lens)), n_cuts)
+        first = np.cumsum(n_cuts) - n_cuts
+        cut = starts[tid] + 1 + (np.arange(len(tid)) - first[tid])
+        keep = (blob[cut] & 0xC0) != 0x80
+        tid, cut = tid[keep], cut[keep]
+
+        def lookup(h: np.ndarray) -> np.ndarray:
+            i = np.minimum(np.searchsorted(sorted_hash, h), len(sorted_hash) - 1)
+            return np.where(sorted_hash[i] == h, by_hash[i], -1)
+
+        a = lookup(span(starts[tid], cut))
+        hit = a >= 0
+        tid, cut, a = tid[hit], cut[hit], a[hit]
+        b = lookup(span(cut, ends[tid]))
+        hit = b >= 0
+        tid, a, b = tid[hit], a[hit], b[hit]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    by_rank = np.argsort(rank[tid], kind="stable")  # best token first, its cuts left to right
+    tid, a, b = tid[by_rank].tolist(), a[by_rank].tolist(), b[by_rank].tolist()
+    get = tokens.__getitem__
+    left, right = list(map(get, a)), list(map(get, b))
+    if list(map(operator.add, left, right)) != list(map(get, tid)):
+        return None
+    return list(zip(left, right))
