@@ -210,7 +210,10 @@ class _Parser:
             if count == 0:
                 return np.zeros(0, dtype=np.float32), off
             dtype = np.dtype("?" if itype == _BOOL else self.e + scalar[1])
-            return self.buf[off : off + width * count].view(dtype), off + width * count
+            value = self.buf[off : off + width * count].view(dtype)
+            if not dtype.isnative:  # a big-endian file: native values, as gguf's reader gives
+                value = value.astype(dtype.newbyteorder("="))
+            return value, off + width * count
         if itype == _ARRAY:
             self._need(off, 12 * count, f"array {key!r}")
             out = []
