@@ -554,7 +554,7 @@ def _merges_from_scores(gf, tokens: Sequence[str], vocab: dict[str, int]) -> lis
     return merges
 
 
-# Polynomial hashes of byte ranges, mod 2**64: h(s) = sum s[j] * B**j.
+# Polynomial hashes of byte strings, mod 2**64: h(s) = sum s[j] * B**j.
 _HASH_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _HASH_INV = pow(_HASH_BASE, -1, 1 << 64)
 
@@ -567,7 +567,7 @@ def _powers(base: int, n: int) -> np.ndarray:
 
 
 def _splits_bulk(tokens, order: np.ndarray) -> list[tuple[str, str]] | None:
-    """`_merges_from_scores`'s loop on all tokens at once (Gemma 3: 2.1 s -> ~0.1 s).
+    """`_merges_from_scores`'s loop on all tokens at once (Gemma 3's 262k: 2.1 s -> ~0.5 s).
 
     Every split point of every token (a character boundary: not a UTF-8
     continuation byte) is hashed as prefix and suffix and looked up among the
@@ -575,43 +575,45 @@ def _splits_bulk(tokens, order: np.ndarray) -> list[tuple[str, str]] | None:
     spell its token exactly, and any doubt (two tokens with one hash, a check
     that fails) returns None so the loop decides. Same pairs, same order.
     """
-    blob, starts, lens = tokens.blob, tokens.starts, tokens.lens
-    if len(lens) != len(tokens) or not lens.all():
+    blob, lens = tokens.blob, tokens.lens
+    n = len(tokens)
+    if len(lens) != n or not lens.all():
         return None
-    n_blob = len(blob)
     with np.errstate(over="ignore"):
-        pw, inv = _powers(_HASH_BASE, n_blob), _powers(_HASH_INV, n_blob)
-        acc = np.zeros(n_blob + 1, dtype=np.uint64)
-        np.cumsum(blob * pw[:-1], out=acc[1:])
-
-        def span(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            return (acc[b] - acc[a]) * inv[a]
-
-        ends = starts + lens
-        token_hash = span(starts, ends)
-        by_hash = np.argsort(token_hash)
-        sorted_hash = token_hash[by_hash]
+        text = blob[blob != 0]  # the tokens' bytes back to back: a StrArray's strings hold no NUL
+        if len(text) != int(lens.sum()):
+            return None
+        first = (np.cumsum(lens) - lens).astype(np.int32)  # each token's first byte in `text`
+        tok = np.repeat(np.arange(n, dtype=np.int32), lens)  # each byte's token
+        at = np.arange(len(text), dtype=np.int32) - first[tok]  # each byte's place in its token
+        prefix = _powers(_HASH_BASE, int(lens.max()))[at]
+        prefix *= text
+        np.cumsum(prefix, out=prefix)
+        base = np.zeros(n, dtype=np.uint64)
+        base[1:] = prefix[first[1:] - 1]
+        prefix -= base[tok]  # prefix[i]: hash of its token's bytes up to and including i
+        whole = prefix[first + lens.astype(np.int32) - 1]
+        by_hash = np.argsort(whole)
+        sorted_hash = whole[by_hash]
         if (sorted_hash[1:] == sorted_hash[:-1]).any():
             return None
-        n_cuts = lens - 1
-        tid = np.repeat(np.arange(len(lens)), n_cuts)
-        first = np.cumsum(n_cuts) - n_cuts
-        cut = starts[tid] + 1 + (np.arange(len(tid)) - first[tid])
-        keep = (blob[cut] & 0xC0) != 0x80
-        tid, cut = tid[keep], cut[keep]
 
         def lookup(h: np.ndarray) -> np.ndarray:
-            i = np.minimum(np.searchsorted(sorted_hash, h), len(sorted_hash) - 1)
+            i = np.minimum(np.searchsorted(sorted_hash, h), n - 1)
             return np.where(sorted_hash[i] == h, by_hash[i], -1)
 
-        a = lookup(span(starts[tid], cut))
+        cut = np.flatnonzero((at > 0) & ((text & 0xC0) != 0x80))  # split before byte `cut`
+        tid = tok[cut]
+        head = prefix[cut - 1]
+        a = lookup(head)
         hit = a >= 0
-        tid, cut, a = tid[hit], cut[hit], a[hit]
-        b = lookup(span(cut, ends[tid]))
+        cut, tid, head, a = cut[hit], tid[hit], head[hit], a[hit]
+        tail = (whole[tid] - head) * _powers(_HASH_INV, int(lens.max()))[at[cut]]
+        b = lookup(tail)
         hit = b >= 0
         tid, a, b = tid[hit], a[hit], b[hit]
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
     by_rank = np.argsort(rank[tid], kind="stable")  # best token first, its cuts left to right
     tid, a, b = tid[by_rank].tolist(), a[by_rank].tolist(), b[by_rank].tolist()
     get = tokens.__getitem__

@@ -24,6 +24,16 @@ def _plain(gf, **override):
     return SimpleNamespace(get=lambda k, d=None: meta.get(k, d), path=gf.path, metadata=meta)
 
 
+def _bulk(strings: list[str]) -> StrArray:
+    """A StrArray in the bulk form infr.gguf_meta makes: each string after 8 NUL bytes."""
+    out = StrArray(strings)
+    out.text = "".join("\x00" * 8 + s for s in strings)
+    out.blob = np.frombuffer(out.text.encode(), dtype=np.uint8)
+    out.lens = np.array([len(s.encode()) for s in strings], dtype=np.int64)
+    out.starts = np.cumsum(out.lens + 8) - out.lens
+    return out
+
+
 def test_spm_merges_bulk_equal_the_loop(gemma3_path):
     gf = open_gguf(gemma3_path)
     tokens = gf.get("tokenizer.ggml.tokens")
@@ -58,9 +68,7 @@ def test_gpt2_merge_rule_on_odd_entries():
 def test_spm_merges_fall_back_on_a_hash_collision(gemma3_path, monkeypatch):
     # Hashes only propose pairs; with every hash forced equal the loop must decide, and agree.
     gf = open_gguf(gemma3_path)
-    tokens = gf.get("tokenizer.ggml.tokens")
-    small = StrArray(tokens[:3000])
-    small.blob, small.starts, small.lens = tokens.blob, tokens.starts[:3000], tokens.lens[:3000]
+    small = _bulk(gf.get("tokenizer.ggml.tokens")[:3000])
     vocab = dict(zip(small, range(len(small))))
     scores = np.asarray(gf.get("tokenizer.ggml.scores"))[:3000]
     fake = SimpleNamespace(get=lambda k, d=None: scores if k == "tokenizer.ggml.scores" else d, path=gf.path)
