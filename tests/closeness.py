@@ -2,7 +2,7 @@
 token, GPU vs CPU reference).
 
 float32 sums in another order: ~1e-2 on logits of ~20. With Q4_K matmuls the
-activations are rounded to 8 bits (infr.cpu.ops.Q8_ACTIVATIONS): a 1e-7
+activations are rounded to 8 bits (infr.numerics.Q8_ACTIVATIONS): a 1e-7
 difference upstream that crosses a half step moves one value by a whole step,
 so the two differ by sparse jumps, about 1 % RMS of the logits (Gemma-3 270M,
 one prompt, batch vs steps: max 0.29, RMS 0.053 of 5.1). Callers also compare
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infr.cpu.ops import Q8_ACTIVATIONS
+from infr.numerics import Q8_ACTIVATIONS
 from infr.ops import MatMul
 
 

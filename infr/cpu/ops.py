@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 
+from infr.numerics import Q8_ACTIVATIONS, matmul_input, quantize_q8  # noqa: F401 (the rules live there)
 from infr.models.spec import Activation, RopeSpec, RopeStyle
-
-# Weight types whose matmuls multiply activations rounded to 8 bits per 32
-# values (the GPU's Q4_K kernel takes them to dot4I8Packed, as llama.cpp's
-# GPU backends do); the reference rounds the same way.
-Q8_ACTIVATIONS = frozenset({Q.Q4_K})
 
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -48,21 +43,6 @@ def rope(x: np.ndarray, n_heads: int, head_dim: int, angles: np.ndarray, style: 
         x[..., :half] = a * cos - b * sin
         x[..., half : 2 * half] = a * sin + b * cos
     return x.reshape(t, n_heads * head_dim)
-
-
-def quantize_q8(x: np.ndarray) -> np.ndarray:
-    """x rounded to 8 bits per 32 values along its last axis: d = max|x| / 127,
-    q = round(x / d) (half to even); returns d * q as float32."""
-    blocks = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
-    d = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(d > 0, np.rint(blocks / d), np.float32(0))
-    return (q * d).reshape(x.shape).astype(np.float32, copy=False)
-
-
-def matmul_input(x: np.ndarray, qtype) -> np.ndarray:
-    """The activations a matmul with `qtype` weights multiplies."""
-    return quantize_q8(x) if qtype in Q8_ACTIVATIONS else x
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

@@ -19,42 +19,15 @@ division is not correctly rounded; a multiply is).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from infr.numerics import has_penalties
+from infr.numerics import sampler_constants as constants
 from infr.sampling import SamplingParams
 
 M32 = np.uint64(0xFFFFFFFF)
-
-
-def has_penalties(p: SamplingParams) -> bool:
-    return p.repeat_last_n != 0 and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
-
-
-@dataclass(frozen=True)
-class Constants:
-    use_k: bool
-    top_k: int
-    use_p: bool
-    top_p: np.float32
-    has_min_p: bool
-    min_p_log: np.float32
-    inv_temp: np.float32
-    rep_inv: np.float32
-
-
-def constants(p: SamplingParams, n: int) -> Constants:
-    """The values the kernel's uniform holds (f32 where the kernel computes in f32)."""
-    return Constants(
-        use_k=0 < p.top_k < n, top_k=int(p.top_k) if 0 < p.top_k < n else 0,
-        use_p=p.top_p < 1.0, top_p=np.float32(p.top_p),
-        has_min_p=p.min_p > 0.0, min_p_log=np.float32(math.log(p.min_p)) if p.min_p > 0.0 else np.float32(0.0),
-        inv_temp=np.float32(1.0 / p.temperature) if p.temperature > 0 else np.float32(0.0),
-        rep_inv=np.float32(1.0 / p.repeat_penalty),
-    )
 
 
 def pcg(v) -> np.ndarray:

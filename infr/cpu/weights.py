@@ -16,24 +16,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 
 from infr.cpu.dequant import dequantize, dequantize_into
-from infr.errors import UnsupportedError
 from infr.gguf_file import GGUFFile, Tensor
-
-SUPPORTED_TYPES = frozenset(
-    {
-        Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0,
-        Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
-    }
-)
-
-
-def check_supported(t: Tensor) -> None:
-    if t.qtype not in SUPPORTED_TYPES:
-        names = ", ".join(sorted(q.name for q in SUPPORTED_TYPES))
-        raise UnsupportedError(f"tensor {t.name!r} has unsupported type {t.type_name}; supported: {names}")
+from infr.numerics import SUPPORTED_TYPES, check_supported  # noqa: F401 (the rules live there)
 
 
 def dequantize_tensor(t: Tensor) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
+from infr.numerics import check_supported
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
@@ -44,8 +45,6 @@ class GPUBackend:
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
                  progress=None):
-        from infr.cpu.weights import check_supported
-
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         self.dev = dev or get_device()
         profile.install_from_env()

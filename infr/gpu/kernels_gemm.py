@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from infr.cpu.ops import Q8_ACTIVATIONS
+from infr.numerics import Q8_ACTIVATIONS
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.runtime import Dispatch, Kernels, storage
 

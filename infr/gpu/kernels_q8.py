@@ -2,7 +2,7 @@
 
 The Q4_K kernel multiplies nibbles with int8 activations by dot4I8Packed (see
 wgsl/gemv_q4_k.wgsl for why); the reference rounds the same way
-(infr.cpu.ops.quantize_q8). The rounded rows go through one scratch buffer
+(infr.numerics.quantize_q8). The rounded rows go through one scratch buffer
 per device: each quantization is followed by the GEMVs that read it, in the
 same ordered pass. `rmsnorm_q8` writes a norm's output both as floats and
 rounded, so the GEMV after a norm needs no quantize dispatch of its own.
@@ -14,7 +14,7 @@ import weakref
 
 from gguf import GGMLQuantizationType as Q
 
-from infr.cpu.ops import Q8_ACTIVATIONS
+from infr.numerics import Q8_ACTIVATIONS
 from infr.gpu import kernels_misc as KS
 from infr.gpu.runtime import Dispatch, Kernels, storage
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infr.cpu import sample as ref
+from infr import numerics as ref
 from infr.gpu import kernels_misc as KS
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.sampling import SamplingParams
@@ -37,7 +37,7 @@ def scratch_words(n: int, rows: int) -> int:
 
 def takes_topk(params: SamplingParams, n: int) -> bool:
     """Whether these settings run the top_k path (sample_topk.wgsl): 6 dispatches."""
-    c = ref.constants(params, n)
+    c = ref.sampler_constants(params, n)
     return not params.greedy and c.use_k and c.top_k <= CAND_MAX
 
 
@@ -50,7 +50,7 @@ def supports(params: SamplingParams, n_ctx: int) -> bool:
 
 
 def pack_params(n: int, params: SamplingParams, seed: int, rows: int = 1) -> bytes:
-    c = ref.constants(params, n)
+    c = ref.sampler_constants(params, n)
     fields = [
         ("n", "u32", n), ("parts", "u32", parts_for(n)), ("slice", "u32", SLICE),
         ("top_k", "u32", c.top_k), ("top_p", "f32", c.top_p), ("min_p_log", "f32", c.min_p_log),
@@ -95,7 +95,7 @@ class SampleKernels:
 
     def dispatches(self, params: SamplingParams, penalties: bool = True) -> list[Dispatch]:
         """The prebuilt list for settings of this kind (values come from set())."""
-        c = ref.constants(params, self.n)
+        c = ref.sampler_constants(params, self.n)
         pen = penalties and ref.has_penalties(params)
         key = (params.greedy, c.use_k, c.use_p, pen, takes_topk(params, self.n))
         if key in self._cache:

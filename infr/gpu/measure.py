@@ -167,7 +167,7 @@ class MatmulCase:
 def matmul_case(dev: Device, kern: Kernels, qtype, N: int, K: int, T: int = 1, reps: int = 5) -> MatmulCase:
     """Run the backend's matmul dispatches for one weight (the same ones a model
     gets), check the output against the numpy reference, and time them."""
-    from infr.cpu.ops import matmul_input
+    from infr.numerics import matmul_input
 
     w = random_weight(qtype, N, K)
     x = np.random.default_rng([1, N, K, T]).standard_normal((T, K)).astype(np.float32)

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from infr.cpu.ops import matmul_input
+from infr.numerics import matmul_input
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.runtime import read, run, storage
 

@@ -22,7 +22,7 @@ from closeness import assert_logits_close, rounds_activations
 from gguf import GGMLQuantizationType as Q
 from test_quant_kernels import TYPES, make_weight, reference  # tests/gpu is on sys.path (prepend import mode)
 
-from infr.cpu.ops import matmul_input
+from infr.numerics import matmul_input
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.runtime import read, run, storage

@@ -22,7 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from infr.cpu.ops import matmul_input
+from infr.numerics import matmul_input
 from infr.cpu.weights import dequantize_rows
 from infr.gguf_file import Tensor
 from infr.gpu import kernels_matmul as KM
