@@ -46,6 +46,7 @@ const SG_PER_TEAM: u32 = TEAM / max(SG, 1u);
 const PAIR: bool = {{PAIR}};
 const SPLIT: bool = {{SPLIT}};
 const SAME_X: bool = {{SAME_X}};  // every reader of this kernel takes one x family
+const ONE_TYPE: bool = {{ONE_TYPE}};  // and is one reader (DOT0 = DOT1 = DOT2)
 const ACT_GELU: bool = {{GELU}};
 const TEAM: u32 = 32u;
 const WG: u32 = 256u;
@@ -145,7 +146,7 @@ fn x_q6k(xrow: u32, xsc: u32, bc: u32, p: u32) -> XL {
 {{READERS}}
 
 fn seg_x(seg: u32, xrow: u32, xsc: u32, bc: u32, p: u32) -> XL {
-    if (seg == 0u) {
+    if (SAME_X || seg == 0u) {
         return {{X0}}(xrow, xsc, bc, p);
     }
     if (seg == 1u) {
@@ -155,7 +156,7 @@ fn seg_x(seg: u32, xrow: u32, xsc: u32, bc: u32, p: u32) -> XL {
 }
 
 fn seg_dot(seg: u32, slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
-    if (seg == 0u) {
+    if (ONE_TYPE || seg == 0u) {
         return {{DOT0}}(slot, rb, bc, p, x);
     }
     if (seg == 1u) {

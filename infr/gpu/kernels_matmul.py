@@ -82,7 +82,7 @@ def row_bytes(qtype, K: int) -> int:
 
 # Types with an int8 GEMV reader (wgsl/gemv_TYPE.wgsl) -> its x family: which
 # activations a lane meets (gemv.wgsl's x_std / x_b32 / x_q6k).
-GEMV_FAMILY = {Q.Q4_K: "std"}
+GEMV_FAMILY = {Q.Q4_K: "std", Q.Q6_K: "q6k"}
 GEMV_K = 64  # the GEMV's K multiple: the unit of quantize_q8's layout
 GEMV_TEAMS = 8  # 32-lane teams per workgroup of the GEMV
 _IQ4 = (Q.IQ4_NL, Q.IQ4_XS)  # readers that fill a table in workgroup memory first
@@ -138,7 +138,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         SPLIT_DECL="// #include gemv_split" if split else "", STORE="store_split" if split else "store_row",
         READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
         PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
-        SAME_X=str(len(set(fams)) == 1).lower(),
+        SAME_X=str(len(set(fams)) == 1).lower(), ONE_TYPE=str(len(set(qs)) == 1).lower(),
         **{f"DOT{i}": f"dot_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
     )
     pipe = kernels.pipeline("gemv", "main", **consts)
