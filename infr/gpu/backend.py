@@ -599,7 +599,7 @@ class _Lowering:
         return [d], xq
 
     def _gemv_q8(self, t, x) -> tuple[list[Dispatch], object]:
-        """([], None) unless weight t runs the Q4_K GEMV on this graph's batches."""
+        """([], None) unless weight t runs the int8 GEMV on this graph's batches."""
         if KG.use_gemm(self.rows, self.be.dev) or not KQ.takes_q8(t):
             return [], None
         return self.q8_input(x, int(t.shape[-1]))
@@ -611,26 +611,35 @@ class _Lowering:
             return None
         return self.q8_input(x, int(t.shape[-1]))
 
+    def _matmul(self, t, chunks, x, y, bias, resid=None) -> list[Dispatch]:
+        """y = W·x (+ bias) (+ resid) by the kernel this batch takes for weight t."""
+        if (mq := self._mmq(t, x)) is not None:  # batches: int8 tiled GEMM
+            return mq[0] + KMQ.mmq_dispatches(self.k, t, chunks, mq[1], y, bias, self.rows, resid=resid)
+        if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
+            return KG.gemm_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid)
+        pre, xq = self._gemv_q8(t, x)
+        return pre + KM.matmul_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid, xq=xq)
+
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be
         x = self.current(mm.src)
         resid = self.current(add.dst)
         y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
         bias = be.weights[mm.bias][0] if mm.bias else None
-        t = be.gf.tensor(mm.weight)
-        if (mq := self._mmq(t, x)) is not None:  # Q4_K batches: int8 tiled GEMM
-            return mq[0] + KMQ.mmq_dispatches(self.k, t, be.weights[mm.weight], mq[1], y, bias, self.rows, resid=resid)
-        if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
-            return KG.gemm_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid)
-        pre, xq = self._gemv_q8(t, x)
-        return pre + KM.matmul_dispatches(self.k, t, be.weights[mm.weight], x, y, bias, self.rows, resid=resid, xq=xq)
+        return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, resid=resid)
 
     def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
         be = self.be
         x = self.current(mms[0].src)
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
-        if (mq := self._mmq(tensors[0], x)) is not None:
+        mixed = KM.is_mixed(tensors)
+        if mixed and any(KMQ.use_mmq(self.rows, be.dev, t) for t in tensors):
+            # A batch over a mixed stack (Q4_K q, k and Q6_K v): each matrix its own kernel, on a view of its rows.
+            parts = KM.stack_parts(tensors, be.weights[names])
+            return [d for m, t, part, y in zip(mms, tensors, parts, ys)
+                    for d in self._matmul(t, part, x, y, be.weights[m.bias][0] if m.bias else None)]
+        if not mixed and (mq := self._mmq(tensors[0], x)) is not None:
             return mq[0] + KMQ.stacked_dispatches(self.k, tensors, be.weights[names], mq[1], ys,
                                                   be.stack_bias.get(names), self.rows)
         if KG.use_gemm(self.rows, self.be.dev):
@@ -649,8 +658,10 @@ class _Lowering:
             y = self.target(act.dst, mg.src)
             pre, xq = self.q8_input(x, int(tg.shape[-1]))
             return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
-        # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch.
-        if KG.use_gemm(self.rows, self.be.dev) or not KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+        # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch
+        # (as do a pair of two types where the int8 GEMM takes either).
+        mmq_either = KMQ.use_mmq(self.rows, be.dev, tg) or KMQ.use_mmq(self.rows, be.dev, tu)
+        if KG.use_gemm(self.rows, self.be.dev) or not KM.can_pair(tg, tu, chunks_g, chunks_u) or mmq_either:
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
         y = self.target(act.dst, mg.src)
         pre, xq = self._gemv_q8(tg, x)
@@ -682,12 +693,7 @@ class _Lowering:
             bias = be.weights[op.bias][0] if op.bias else None
             t = be.gf.tensor(op.weight)
             y = self.target(op.dst, op.src)
-            if (mq := self._mmq(t, x)) is not None:  # Q4_K batches: int8 tiled GEMM
-                return mq[0] + KMQ.mmq_dispatches(self.k, t, be.weights[op.weight], mq[1], y, bias, T)
-            if KG.use_gemm(T, be.dev):  # batches: tiled GEMM
-                return KG.gemm_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T)
-            pre, xq = self._gemv_q8(t, x)
-            return pre + KM.matmul_dispatches(self.k, t, be.weights[op.weight], x, y, bias, T, xq=xq)
+            return self._matmul(t, be.weights[op.weight], x, y, bias)
         if isinstance(op, RMSNorm):
             x = self.current(op.src)
             y = self.target(op.dst, op.src)
