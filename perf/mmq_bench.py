@@ -1,4 +1,4 @@
-"""The Q4_K int8 GEMM (wgsl/gemm_q4_k.wgsl, "mmq") against the batched GEMV on Llama-3.1-8B prefill shapes.
+"""The int8 GEMM (wgsl/gemm_mmq.wgsl, "mmq") against the batched GEMV on Llama-3.1-8B prefill shapes.
 
     source .gpu/setup.sh && python3 perf/mmq_bench.py --out perf/h200/mmq-bench.json        # T = 512
     python3 perf/mmq_bench.py --sweep "64,64,4,4,8 128,32,4,4,4 64,32,4,2,8" --out mmq.json
@@ -13,7 +13,7 @@ blocks; each measurement encodes --reps products in one pass, rotating over
 copies of the weights (> 200 MB in all) so L2 does not hold them, timed from
 the host (timing.seconds_per_rep): ms per product and TFLOP/s (2 T N K per
 matrix). --sweep "BN,BT,RM,RT,SUB[,PREFETCH] ..." times each tile setting (SUB 0: the
-largest that fits), the default being kernels_mmq.MmqTuning (INFR_MMQ_*).
+largest that fits), the default being the first of kernels_mmq.TILES.
 """
 
 from __future__ import annotations
@@ -71,14 +71,14 @@ def build(dev, kern, label, N, K, kind, parts, T, tuning, copies, rng):
             ts = [_Tensor(n, K, random_rows(rng, Q.Q4_K, n, K), f"{label}{i}") for i, n in enumerate(parts)]
             chunks = KM.upload_stacked(dev, ts, label=label)
             ys = [storage(dev, 4 * T * n) for n in parts]
-            mmq.append(KMQ.stacked_dispatches(kern, ts, chunks, xq, ys, None, T, tuning=tuning))
+            mmq.append(KMQ.stacked_dispatches(kern, ts, chunks, xq, ys, None, T, tile=tuning))
             gemv.append(KM.stacked_dispatches(kern, ts, chunks, xq, ys, None, T, xq=xq))
             gemm.append(KG.stacked_gemm_dispatches(kern, ts, chunks, x, ys, None, T))
         elif kind == "pair":
             tg = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), "gate")
             tu = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), "up")
             cg, cu = KM.upload_weight(dev, tg), KM.upload_weight(dev, tu)
-            mmq.append(KMQ.gate_up_dispatches(kern, tg, tu, cg, cu, xq, y, "silu", T, tuning=tuning))
+            mmq.append(KMQ.gate_up_dispatches(kern, tg, tu, cg, cu, xq, y, "silu", T, tile=tuning))
             gemv.append(KM.gate_up_dispatches(kern, tg, tu, cg, cu, xq, y, "silu", T, xq=xq))
             # the f32 GEMM has no fused pair: gate and up products only (no activation dispatch)
             gemm.append(KG.gemm_dispatches(kern, tg, cg, x, y, None, T) + KG.gemm_dispatches(kern, tu, cu, x, y, None, T))
@@ -86,7 +86,7 @@ def build(dev, kern, label, N, K, kind, parts, T, tuning, copies, rng):
             t = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), label)
             chunks = KM.upload_weight(dev, t)
             resid = storage(dev, 4 * T * N) if kind == "resid" else None
-            mmq.append(KMQ.mmq_dispatches(kern, t, chunks, xq, y, None, T, resid=resid, tuning=tuning))
+            mmq.append(KMQ.mmq_dispatches(kern, t, chunks, xq, y, None, T, resid=resid, tile=tuning))
             gemv.append(KM.matmul_dispatches(kern, t, chunks, xq, y, None, T, resid=resid, xq=xq))
             gemm.append(KG.gemm_dispatches(kern, t, chunks, x, y, None, T, resid=resid))
     return mmq, gemv, gemm, y
@@ -105,8 +105,8 @@ def main() -> None:
     dev = get_device()
     kern = Kernels(dev)
     reps = args.reps or (2 if args.scale > 1 else 20)
-    tunings = [KMQ.MmqTuning(*map(int, s.split(","))).resolved(dev) for s in args.sweep.split()] or [
-        KMQ.MmqTuning.for_device(dev)]
+    tunings = [KMQ.MmqTile.parse(s).resolved(dev) for s in args.sweep.split()] or [
+        KMQ.device_tuning(dev).tiles[0].resolved(dev)]
     out = {"adapter": dev.name, "date": dt.date.today().isoformat(), "command": " ".join(sys.argv), "T": args.T,
            "scale": args.scale, "reps": reps, "results": []}
     rng = np.random.default_rng(0)
