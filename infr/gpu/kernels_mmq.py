@@ -38,6 +38,7 @@ from infr.numerics import takes_q8
 # Types with a block reader wgsl/mmq_TYPE.wgsl -> the workgroup bytes the reader declares itself.
 READERS = {
     Q.Q4_K: 0,
+    Q.Q6_K: 0,
 }
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens
