@@ -39,6 +39,7 @@ from infr.numerics import takes_q8
 READERS = {
     Q.Q4_K: 0,
     Q.Q6_K: 0,
+    Q.Q8_0: 0,
 }
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens

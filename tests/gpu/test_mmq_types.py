@@ -29,7 +29,7 @@ from infr.models.spec import Activation
 
 TOL = 1e-5  # of |W[r]| * |x[t]|: exact integer sums per 32 values, f32 scales and sums in another order
 
-TYPES = [Q.Q6_K]
+TYPES = [Q.Q6_K, Q.Q8_0]
 PLAIN, PAIR, SPLIT = KMQ.MmqTile(128, 64, 4, 8), KMQ.MmqTile(64, 64, 4, 4, 0, 1), KMQ.MmqTile(64, 32, 4, 2, 0, 2)
 
 
@@ -134,7 +134,7 @@ def test_q6k_tile_shapes(gpu, kernels, spec):
         _check(f"Q6_K tile {tile.spec} N={N} K={K}", read(gpu, y, count=T * N).reshape(T, N), want, scale)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q6_K], ids=_ids([Q.Q6_K]))
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q8_0], ids=_ids([Q.Q6_K, Q.Q8_0]))
 def test_chunked_weight_and_stride(gpu, kernels, qtype):
     """A weight in row chunks (each its own buffer, from row 0 again): one dispatch
     per chunk writing its columns of y rows wider than N, nothing past N."""
