@@ -44,6 +44,7 @@ READERS = {
     Q.Q5_K: 0,
     Q.Q4_0: 0,
     Q.Q4_1: 0,
+    Q.Q5_1: 0,
 }
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens
