@@ -46,6 +46,7 @@ READERS = {
     Q.Q4_1: 0,
     Q.Q5_1: 0,
     Q.IQ4_NL: 1024,  # the code book, a byte at a time (mmq_iq4.wgsl)
+    Q.IQ4_XS: 1024,
 }
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens

@@ -29,7 +29,7 @@ from infr.models.spec import Activation
 
 TOL = 1e-5  # of |W[r]| * |x[t]|: exact integer sums per 32 values, f32 scales and sums in another order
 
-TYPES = [Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q5_K, Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.IQ4_NL]
+TYPES = [Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q5_K, Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS]
 PLAIN, PAIR, SPLIT = KMQ.MmqTile(128, 64, 4, 8), KMQ.MmqTile(64, 64, 4, 4, 0, 1), KMQ.MmqTile(64, 32, 4, 2, 0, 2)
 
 
