@@ -121,8 +121,10 @@ class MmqTile:
 # Tiles tried in order for a product: the first that gives at least
 # MIN_GROUPS workgroups, else the one giving the most. On the H200 a 4096-row
 # matrix at T = 128 made only 64 workgroups of a 128 x 64 tile and ran no
-# faster than at T = 4 (1.5 ms for 4096 x 14336). 4 x 8 sums per invocation:
-# 256 invocations of ~100 registers, two workgroups per multiprocessor.
+# faster than at T = 4 (1.5 ms for 4096 x 14336). 4 x 8 sums per invocation
+# rather than the nibble kernel's best 8 x 4: about 40 fewer registers for the
+# staged rows (32 sums either way), so two 256-invocation workgroups may share
+# a multiprocessor; an estimate until perf/mmq_bench.py's sweep runs there.
 TILES = (MmqTile(128, 64, 4, 8), MmqTile(64, 64, 4, 4), MmqTile(64, 32, 4, 2))
 
 
