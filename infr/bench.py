@@ -1,7 +1,7 @@
 """`python -m infr.bench`: prompt processing and generation speed, llama-bench style.
 
     python -m infr.bench -m smollm2 -p 512 -n 128 -r 3
-    python -m infr.bench -m synth:llama-8b:Q4_K -p 512 -n 128 -d 0,4096 -pg 512,128 --backend gpu -o json
+    python -m infr.bench -m synth:llama-8b -p 512 -n 128 -d 0,4096 -pg 512,128 --backend gpu -o json
 
 Tests follow llama-bench: `-p N` times one prefill of N tokens (ppN); `-n N`
 times N greedy decode steps (tgN); `-pg P,N` times a P-token prompt then N
@@ -13,7 +13,8 @@ A warm-up run of each test is dropped; `-r` repetitions are timed. Output
 reads it. Token ids are random (speed does not depend on them): models need no
 tokenizer. `-m synth:PRESET[:TYPE]` (presets of infr.synth, or short names such
 as llama-8b, llama-1b) writes a random-weight GGUF of a real shape once into
-infr's cache.
+infr's cache; TYPE is a llama-quantize file type with its per-tensor mix
+(Q4_K_M, the default, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Test:
 
 
 def synth_path(preset: str, wtype: str | None = None) -> Path:
-    """The cached random-weight GGUF of a synth preset (written on first use)."""
+    """The cached random-weight GGUF of a synth preset (written on first use), the Q4_K_M mix unless wtype."""
     from infr import synth
     from infr.offline import cache_dir
 
@@ -90,7 +91,7 @@ def synth_path(preset: str, wtype: str | None = None) -> Path:
         known = sorted(set(synth.PRESETS) | set(SYNTH_ALIASES))
         raise InfrError(f"unknown synthetic preset {preset!r}; known: {', '.join(known)}")
     try:
-        spec = synth.preset(preset, tokenizer="gpt2", **({"weight_type": wtype} if wtype else {}))
+        spec = synth.preset(preset, tokenizer="gpt2", weight_type=wtype or synth.DEFAULT_MIX)
         spec.validate()
     except ValueError as e:
         raise InfrError(str(e)) from None
@@ -319,7 +320,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m infr.bench", description=__doc__.split("\n\n")[0],
                                  epilog="Semantics follow llama-bench; see the module docstring.")
     ap.add_argument("-m", "--model", action="append", default=None,
-                    help="path, offline name, Hugging Face ref or synth:PRESET[:TYPE] (repeatable)")
+                    help="path, offline name, Hugging Face ref or synth:PRESET[:TYPE], TYPE a llama-quantize "
+                         "mix, Q4_K_M by default (repeatable)")
     ap.add_argument("-p", "--n-prompt", action="append", help="prompt sizes (default 512; 0 skips)")
     ap.add_argument("-n", "--n-gen", action="append", help="generation lengths (default 128; 0 skips)")
     ap.add_argument("-pg", action="append", metavar="PP,TG", help="prompt then generation, t/s over both")

@@ -66,7 +66,7 @@ def test_json_has_llama_bench_keys_and_tests(synth_env, capsys):
     for r in results:
         check_record(r, size)
         assert r["model_filename"] == str(path)
-        assert r["model_type"].endswith(" all F32")
+        assert r["model_type"].endswith(" Q4_K - Medium")  # no :TYPE: llama.cpp's Q4_K_M mix
 
 
 def test_jsonl_and_csv_and_md(synth_env, capsys, tmp_path):
