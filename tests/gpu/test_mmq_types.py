@@ -172,3 +172,39 @@ def test_selection_follows_the_rounding_rule(gpu):
     assert KMQ.gate_up_dispatches(None, a, b, ca, cb, None, None, "silu", 64) is None
     with pytest.raises(ValueError):
         KMQ.stacked_dispatches(None, [a, b], ca, None, [None, None], None, 64)
+
+
+def test_q4_k_m_mix_prefill_through_mmq(tmp_path, gpu, monkeypatch):
+    """The Q4_K_M mix (one layer's ffn_down and attn_v, and the head, in Q6_K) with
+    Q6_K's activations rounded (added to numerics.Q8_ACTIVATIONS for this test only,
+    as the GEMV work for Q6_K will add it): a prompt prefilled in one batch runs
+    every Q4_K and Q6_K matmul through mmq (ffn_down with its residual add, the
+    head) and gives the CPU reference's logits."""
+    from closeness import assert_logits_close
+
+    from infr import synth
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    monkeypatch.setattr(numerics, "Q8_ACTIVATIONS", numerics.Q8_ACTIVATIONS | {Q.Q6_K})
+    old = KMQ.set_tuning(gpu, KMQ.MmqTuning(min_t=8))  # small batches through the kernel too
+    try:
+        spec = synth.preset("tiny-llama", n_embd=256, n_ff=512, n_heads=4, n_kv_heads=2, head_dim=64,
+                            weight_type="Q4_K_M")
+        gf = open_gguf(synth.write_gguf(spec, tmp_path / "tiny-q4_k_m.gguf"))
+        plan = build_plan(build_spec(gf))
+        q6 = [n for n in gf.tensors if gf.tensor(n).qtype == Q.Q6_K]
+        assert any("ffn_down" in n for n in q6) and "output.weight" in q6
+        gpu_be, cpu_be = GPUBackend(gf, plan, 64, dev=gpu), CPUBackend(gf, plan, 64)
+        prompt = [1, 17, 42, 99, 3, 250, 7, 7, 180, 64, 5, 33, 201]
+        T = len(prompt)
+        body, head, _ = gpu_be._graph(T, T)
+        labels = [d.label for d in body.dispatches + head.dispatches]
+        assert not any(lb.startswith(("gemv_", "matmul_", "gemm_")) for lb in labels), labels
+        assert sum(lb.startswith("mmq_q6_k ") for lb in labels) == len(q6), labels
+        assert_logits_close(gpu_be.forward(prompt, 0, n_logits=T), cpu_be.forward(prompt, 0, n_logits=T), True)
+    finally:
+        KMQ.set_tuning(gpu, old)
