@@ -353,8 +353,9 @@ class GPUBackend:
         if last >= self.blocks_per_seq * self.block_size:
             raise InfrError(f"context full: position {last} is past {self.n_ctx}")
         T = _bucket(L)
-        self._load_rows(batch, T)  # state: [0] row 0's position, [1] L live, [2] 0 logged
+        self._load_rows(batch, T)
         q = self.dev.device.queue
+        q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
         start = int(batch.positions.max())
         done = 0
         while done < k:
