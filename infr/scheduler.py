@@ -114,6 +114,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._free_slots = list(range(parallel - 1, -1, -1))
+        self.held: list[Request] = []  # paused with their slots (Session.prefill / decode), oldest first
         self.stats = EngineStats()
         self._inbox: deque[Request] = deque()
         self._lock = threading.Condition()
@@ -262,6 +263,13 @@ class Scheduler:
         is cached is kept), and the next step computes the rest. Engine thread only."""
         if not req.held:
             raise InfrError("only a held request can resume")
+        if req in self.held:
+            self.held.remove(req)
+        if req.slot is None:  # its slot went to another request meanwhile: admitted again, prefix cache first
+            req.tokens, req.held, req.last_logits = list(tokens), False, None
+            req.done_event.clear()
+            self.waiting.appendleft(req)
+            return
         bs = self.pool.block_size
         keep = 0
         n = min(req.computed, len(tokens) - 1)
@@ -280,6 +288,8 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """End a request now, whatever it is doing (a held one included). Engine thread only."""
         req.held = False
+        if req in self.held:
+            self.held.remove(req)
         self._finish(req, req.finish_reason or "stop")
 
     # --- internals
@@ -301,7 +311,13 @@ class Scheduler:
                 continue  # req itself was preempted or failed
             chunks.append((req, req.computed, n))
             budget -= n
-        # Then admit waiting requests while slots, budget and blocks last.
+        # Then admit waiting requests while slots, budget and blocks last; a request that finds every
+        # slot taken takes the one of the longest-paused held sequence (its full blocks stay cached).
+        while self.waiting and self.held and not self._free_slots:
+            old = self.held.pop(0)
+            self.pool.release(old.blocks)
+            old.blocks, old.hashes, old.computed = [], [], 0
+            self._free_slot(old)
         while self.waiting and self._free_slots and budget > 0:
             req = self.waiting[0]
             if not self._admit(req, chunks):
@@ -399,6 +415,7 @@ class Scheduler:
         if req.hold:  # the caller reads the logits and says what comes next (resume)
             req.last_logits, req.held = logits, True
             self.running.remove(req)
+            self.held.append(req)
             req.done_event.set()
             return
         if req.cancelled:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infr.batch import Batch, OutputRow, StepResult
+from infr.batch import Batch, StepResult
 from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError

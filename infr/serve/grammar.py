@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from infr.sampling import unpack_mask
-
 from infr.serve.errors import APIError
 
 
