@@ -288,10 +288,15 @@ class GPUBackend:
         decode = int(np.bincount(batch.slots).max()) <= KA.SPLIT_MAX_T
         far = self._far(int(batch.positions.max()), 1, T, decode)
         body, head, x_buf = self._graph(T, Lb, far, decode)
+        timer = profile.timer_for(self.dev)
+        if timer is not None and len(body) + len(head) + 4 > timer.room:
+            timer = None  # too many dispatches for one query set: this step goes untimed
         enc = self.dev.device.create_command_encoder()
-        _encode(enc, body)
+        with profile.HostClock(timer, "encode"):
+            _encode(enc, body, timer)
         if not L:
-            q.submit([enc.finish()])
+            with profile.HostClock(timer, "submit"):
+                q.submit([profile.finish_encoder(enc, timer, T)])
             return StepResult([])
         if Lb != T:  # the output rows' hidden states, in order, into the head's input
             width = self.plan.spec.n_embd * 4
@@ -303,9 +308,13 @@ class GPUBackend:
                 enc.copy_buffer_to_buffer(x_buf, out_rows[i] * width, self.tail, i * width, (j - i + 1) * width)
                 i = j + 1
         logits_buf = self._logits_buffer(T, Lb, far, decode)
-        _encode(enc, Recording(head.dispatches + self._argmax_rows(logits_buf, Lb)))
-        q.submit([enc.finish()])
-        tokens = np.frombuffer(q.read_buffer(self.step_tokens, 0, 4 * L), np.uint32).tolist()
+        with profile.HostClock(timer, "encode"):
+            _encode(enc, Recording(head.dispatches + self._argmax_rows(logits_buf, Lb)), timer)
+            cmd = profile.finish_encoder(enc, timer, T)
+        with profile.HostClock(timer, "submit"):
+            q.submit([cmd])
+        with profile.HostClock(timer, "wait"):
+            tokens = np.frombuffer(q.read_buffer(self.step_tokens, 0, 4 * L), np.uint32).tolist()
         host = [i for i, o in enumerate(outs) if o.want_logits or o.mask is not None or not _gpu_greedy(o)]
         res = StepResult(tokens)
         if host:
