@@ -112,12 +112,12 @@ def test_depth_is_prefilled_once_and_reused_by_the_timed_tokens(smollm2_path, mo
     results = json.loads(run_main(capsys, "-m", str(smollm2_path), "-p", "8", "-n", "2", "-d", "32", "-r", "1",
                                   "--backend", "cpu", "-o", "json"))
     assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in results] == [(8, 0, 32), (0, 2, 32)]
-    st = made[0].engine.stats
+    st = made[0][0].engine.stats
     # pp8 @ d32: the depth (33 rows), then 8 + 8 rows; tg2 @ d32: the depth from the cache (1 row),
     # then per repetition 1 row (its prompt) and 2 decode rows
     assert st.prefix_hit_tokens == 32 * 5
     assert st.prefill_rows + st.decode_rows == 33 + 8 + 8 + 1 + 2 * (1 + 2)
-    assert made[0].pool.used == 0
+    assert made[0][0].pool.used == 0
     assert all(r["model_type"] == "llama 135M Q4_1" for r in results)
 
 
