@@ -111,10 +111,11 @@ def test_run_pulls_on_first_use(hub, models):
 
 def test_real_smollm2_pull_and_run(hub, smollm2_path):
     hub.add("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", {"smollm2-135m-instruct-q4_1.gguf": smollm2_path})
-    args = ["What is the capital of France?", "--temp", "0", "--max-new", "8", "--backend", "cpu"]
+    # Japan, not France: France's first token is a near-tie (margin 0.08) that 8-bit rounding flips
+    args = ["What is the capital of Japan?", "--temp", "0", "--max-new", "8", "--backend", "cpu"]
     proc = infr("run", "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", *args)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == infr("run", str(smollm2_path), *args).stdout and "Paris" in proc.stdout
+    assert proc.stdout == infr("run", str(smollm2_path), *args).stdout and "Tokyo" in proc.stdout
     path = store.resolve("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", pull=False)
     assert Path(os.path.realpath(path)).name == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 

@@ -267,24 +267,31 @@ class Service:
             eng.submit(req)
         except InfrError as e:
             raise APIError(400, str(e)) from None
+        delivered = False
         try:
             while True:
                 kind, value = await queue.get()
                 if kind == "done":
                     if req.finish_reason == "error":
+                        delivered = True  # counted as an error, not as a cancellation
                         log.error("generation failed: %s", req.error)
                         raise APIError(500, f"generation failed: {req.error}")
                     out, tail = tracker.outcome(req)
                     if tail is not None:
                         yield "text", tail
                     self.metrics.finished(out)
+                    delivered = True
                     yield "done", out
                     return
                 yield kind, value
         finally:
-            if not req.done:
+            if not delivered:  # the client left before the answer ended: stop it (if it still runs), count it
                 job.cancel.set()
-                eng.cancel(req)
+                if not req.done:
+                    eng.cancel(req)
+                self.metrics.finished(generation.Outcome(
+                    finish_reason="cancelled", prompt_tokens=len(job.prompt), reused_tokens=req.cached_tokens or 0,
+                    completion_tokens=len(req.output), cancelled=True))
 
 
 def new_id(prefix: str) -> str:
