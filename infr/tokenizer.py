@@ -35,6 +35,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from infr import tokenizer_cache
 from infr.errors import GGUFError, UnsupportedError
 from infr.tokenizer_pre import PRE_TYPES
 
@@ -474,7 +475,7 @@ def _model_quirks(gf, tokens, vocab, attrs) -> None:
 
 def _hf_tokenizer(gf, kind, pre, tokens, vocab, attrs, add_space_prefix) -> HFTokenizer:
     if kind == "spm":
-        merges = _merges_from_scores(gf, tokens, vocab)
+        merges = _spm_merges(gf, tokens, vocab)
         hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True))
         steps = [normalizers.Prepend(SPACE)] if add_space_prefix else []
         hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE)])
@@ -527,6 +528,21 @@ def _merges_from_gguf(gf) -> list[tuple[str, str]]:
 # A merge "a b": `a` runs to the first space after its first character (which may be a space).
 # On a StrArray's text each entry follows 8 NULs and holds none.
 _MERGE_RE = re.compile("\x00{8}([^\x00][^ \x00]*) ([^\x00]*)")
+
+
+def _spm_merges(gf, tokens: Sequence[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """`_merges_from_scores`, through infr.tokenizer_cache for large vocabularies."""
+    paths = getattr(gf, "paths", None)
+    if len(tokens) < tokenizer_cache.MIN_TOKENS or not paths:
+        return _merges_from_scores(gf, tokens, vocab)
+    pairs = tokenizer_cache.load(paths[0], len(tokens))  # the first shard holds the vocabulary
+    if pairs is not None:
+        get = tokens.__getitem__
+        return list(zip(map(get, pairs[:, 0].tolist()), map(get, pairs[:, 1].tolist())))
+    merges = _merges_from_scores(gf, tokens, vocab)
+    ids = np.fromiter((vocab[t] for pair in merges for t in pair), dtype=np.int32, count=2 * len(merges))
+    tokenizer_cache.save(paths[0], len(tokens), ids.reshape(-1, 2))
+    return merges
 
 
 def _merges_from_scores(gf, tokens: Sequence[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
