@@ -1,10 +1,11 @@
 """On-disk cache of a SentencePiece vocabulary's derived merges, keyed by the GGUF file.
 
 Deriving the merge list from the scores (infr.tokenizer._merges_from_scores) is
-the one costly step of building a large SentencePiece tokenizer: 0.5-1 s for
-Gemma 3's 262k tokens on the 2-core development machine, where reading the
-cached list back takes ~10 ms. The cache holds the merges as token-id pairs,
-so its file is 8 bytes a merge (4 MB for Gemma 3).
+the one costly step of building a large SentencePiece tokenizer: 2-3 s for
+Gemma 3's 262k tokens on the 2-core development machine with its cores shared,
+where reading the cached pairs back takes 2 ms and making them the merge list
+0.45 s. The cache holds the merges as token-id pairs, 8 bytes a merge (4 MB
+for Gemma 3).
 
 The key is the file's resolved path, size, mtime and inode plus `VERSION`
 (raise it when the derivation changes); a file that changed gets a new key.
