@@ -1,6 +1,6 @@
 """On-disk cache of a SentencePiece vocabulary's derived merges, keyed by the GGUF file.
 
-Deriving the merge list from the scores (infr.tokenizer._merges_from_scores) is
+Deriving the merge list from the scores (infr.tokenizer_merges._merges_from_scores) is
 the one costly step of building a large SentencePiece tokenizer: 2-3 s for
 Gemma 3's 262k tokens on the 2-core development machine with its cores shared,
 where reading the cached pairs back takes 2 ms and making them the merge list

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from infr import tokenizer as T
+from infr import tokenizer_merges as T
+from infr.tokenizer import Tokenizer
 from infr.gguf_file import open_gguf
 from infr.gguf_meta import StrArray
 
@@ -49,8 +50,8 @@ def test_spm_merges_bulk_equal_the_loop(gemma3_path):
 def test_gpt2_merges_bulk_equal_the_loop(fixture, request):
     gf = open_gguf(request.getfixturevalue(fixture))
     assert gf.get("tokenizer.ggml.merges").text is not None
-    bulk = T._merges_from_gguf(gf)
-    loop = T._merges_from_gguf(_plain(gf))
+    bulk = T.merges_from_gguf(gf)
+    loop = T.merges_from_gguf(_plain(gf))
     assert len(bulk) > 40_000 and bulk == loop
 
 
@@ -62,8 +63,8 @@ def test_gpt2_merge_rule_on_odd_entries():
     merges.text = blob_text
     gf = SimpleNamespace(get=lambda k, d=None: merges, path=None)
     plain = SimpleNamespace(get=lambda k, d=None: list(entries), path=None)
-    assert T._merges_from_gguf(gf) == T._merges_from_gguf(plain)
-    assert T._merges_from_gguf(gf)[:6] == [(" a", "b"), ("a", " b"), ("Ġ", "Ġ"), ("x", "y z"), (" ", ""), ("é", "ü")]
+    assert T.merges_from_gguf(gf) == T.merges_from_gguf(plain)
+    assert T.merges_from_gguf(gf)[:6] == [(" a", "b"), ("a", " b"), ("Ġ", "Ġ"), ("x", "y z"), (" ", ""), ("é", "ü")]
 
 
 def test_spm_merges_fall_back_on_a_hash_collision(gemma3_path, monkeypatch):
@@ -103,10 +104,10 @@ def test_merges_cache_round_trip(gemma3_path, tmp_path, monkeypatch):
 
     monkeypatch.setenv("INFR_CACHE", str(tmp_path))
     calls = _derivations(monkeypatch)
-    first = T.Tokenizer.from_gguf(open_gguf(gemma3_path))
+    first = Tokenizer.from_gguf(open_gguf(gemma3_path))
     cached = tokenizer_cache.cache_file(gemma3_path)
     assert calls == [1] and cached.exists() and cached.parent.parent == tmp_path
-    again = T.Tokenizer.from_gguf(open_gguf(gemma3_path))
+    again = Tokenizer.from_gguf(open_gguf(gemma3_path))
     assert calls == [1]  # read back, not derived
     for text in TEXTS:
         assert again.encode(text) == first.encode(text)
@@ -123,7 +124,7 @@ def test_unsound_merges_cache_is_rebuilt(gemma3_path, tmp_path, monkeypatch, dam
 
     monkeypatch.setenv("INFR_CACHE", str(tmp_path))
     calls = _derivations(monkeypatch)
-    want = T.Tokenizer.from_gguf(open_gguf(gemma3_path)).encode(TEXTS[1])
+    want = Tokenizer.from_gguf(open_gguf(gemma3_path)).encode(TEXTS[1])
     cached = tokenizer_cache.cache_file(gemma3_path)
     data = bytearray(cached.read_bytes())
     if damage == "flip_byte":
@@ -136,7 +137,7 @@ def test_unsound_merges_cache_is_rebuilt(gemma3_path, tmp_path, monkeypatch, dam
         data[:8] = b"NOTMINE!"
     cached.write_bytes(bytes(data))
     assert tokenizer_cache.load(gemma3_path, 262144) is None
-    assert T.Tokenizer.from_gguf(open_gguf(gemma3_path)).encode(TEXTS[1]) == want
+    assert Tokenizer.from_gguf(open_gguf(gemma3_path)).encode(TEXTS[1]) == want
     assert calls == [1, 1]  # derived again
     assert tokenizer_cache.load(gemma3_path, 262144) is not None  # and rewritten sound
 
@@ -160,5 +161,5 @@ def test_unwritable_cache_is_no_error(gemma3_path, tmp_path, monkeypatch):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("a file where the cache directory would go")
     monkeypatch.setenv("INFR_CACHE", str(blocker))
-    tok = T.Tokenizer.from_gguf(open_gguf(gemma3_path))
+    tok = Tokenizer.from_gguf(open_gguf(gemma3_path))
     assert tok.encode("Hello world", add_special=False)
