@@ -42,13 +42,14 @@ def workloads(pp: int = 512, tg: int = 128, depth: int = 4096, depth_pp: int = 4
 def infr_side(path, tests: list, reps: int, backend: str, n_ctx: int) -> dict:
     from infr import bench
 
-    gf, plan, be, name, load_s = bench.load_backend(path, backend, n_ctx)
-    info = {**bench.model_info(path, gf, plan), **bench.backend_info(be, name), "load_seconds": round(load_s, 3)}
+    model, load_s = bench.load_model(path, backend, n_ctx)
+    info = {**bench.model_info(path, model.gguf, model.plan), **bench.backend_info(model.backend, model.backend_name),
+            "load_seconds": round(load_s, 3)}
     results = {}
     for test in tests:
-        results[test.name] = bench.stats(test, bench.time_test(be, plan.spec.n_vocab, test, reps))
+        results[test.name] = bench.stats(test, bench.time_test(model, test, reps))
         print(f"infr: {test.name}: {results[test.name]['avg_ts']:.2f} t/s", file=sys.stderr)
-    del be
+    del model
     gc.collect()  # give the memory back before llama.cpp loads the same weights
     return {**info, "results": results}
 

@@ -28,8 +28,10 @@ SUPPORTED_TYPES = frozenset(
 
 # Weight types whose matmuls multiply activations rounded to 8 bits per 32
 # values (the GPU's integer kernels take them to dot4I8Packed, as llama.cpp's
-# GPU backends do); the reference rounds the same way.
-Q8_ACTIVATIONS = frozenset({Q.Q4_K})
+# GPU backends do); the reference rounds the same way. A type joins when every
+# GPU path rounds for it: the int8 GEMV (kernels_matmul.GEMV_FAMILY, the same
+# set), the f32 GEMM (its Q8X flag) and the int8 GEMM where it takes the type.
+Q8_ACTIVATIONS = frozenset({Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q5_K, Q.Q4_0})
 
 
 def check_supported(t) -> None:

@@ -102,10 +102,11 @@ def gpu_diagnostics(be) -> dict:
 
 
 def infr_side(path: Path) -> dict:
-    gf, plan, be, backend, load_s = bench.load_backend(path, "gpu", N_CTX)
-    out = {"backend": backend, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
+    model, load_s = bench.load_model(path, "gpu", N_CTX)
+    gf, be = model.gguf, model.backend
+    out = {"backend": model.backend_name, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
     for test in TESTS:
-        out[test.name] = bench.stats(test, bench.time_test(be, plan.spec.n_vocab, test, REPS))
+        out[test.name] = bench.stats(test, bench.time_test(model, test, REPS))
     try:
         out.update(gpu_diagnostics(be))
     except Exception as e:  # diagnostics lean on backend internals: keep the timings regardless

@@ -1,12 +1,18 @@
 """How close two computations of one model's logits must be (batch vs token by
 token, GPU vs CPU reference).
 
-float32 sums in another order: ~1e-2 on logits of ~20. With Q4_K matmuls the
-activations are rounded to 8 bits (infr.numerics.Q8_ACTIVATIONS): a 1e-7
-difference upstream that crosses a half step moves one value by a whole step,
-so the two differ by sparse jumps, about 1 % RMS of the logits (Gemma-3 270M,
-one prompt, batch vs steps: max 0.29, RMS 0.053 of 5.1). Callers also compare
-the argmax, which is what generation uses.
+float32 sums in another order: ~1e-2 on logits of ~20. With 8-bit activations
+(infr.numerics.Q8_ACTIVATIONS: every quantized type the int8 GEMV multiplies)
+a 1e-7 difference upstream that crosses a half step moves one value by a whole
+step, so the two differ by sparse jumps. Measured on the first prompt's 12
+tokens (tests/gpu/test_backend.py), batch vs steps and GPU vs CPU, every
+rounded type on: Gemma-3 270M (Q5_0 / Q8_0 / Q4_K / Q6_K, a tied Q8_0 head)
+max 1.11, RMS 0.19 of logits of RMS 4.8 (4 %); SmolLM2 (Q4_1, a Q8_0 head)
+max 0.89, RMS 0.21 of 10.8; Qwen2.5-Coder max 0.35, RMS 0.05 of 4.6. With Q4_K
+alone Gemma-3 was max 0.31, RMS 0.066. llama.cpp differs from itself about as
+much (docs/numerics.md: 1.13 on SmolLM2 in Q8_0, one batch vs token by token).
+The top-1 may then differ where the two best logits are that close: callers
+compare it with assert_same_top1, which allows that only at near-ties.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import numpy as np
 
 from infr.numerics import Q8_ACTIVATIONS
 from infr.ops import MatMul
+
+NEAR_TIE = 0.5  # logits: a top-1 / top-2 margin below which rounding noise may swap them (as tests/test_generation.py)
 
 
 def rounds_activations(gf, plan) -> bool:
@@ -28,5 +36,15 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, q8: bool) -> None:
     diff = np.abs(got - want)
     rms = float(np.sqrt(np.mean(np.square(got - want))))
     scale = float(np.sqrt(np.mean(np.square(want))))
-    assert diff.max() < 0.6, f"max logit difference {diff.max():.3g}"
-    assert rms < 0.02 * scale, f"RMS difference {rms:.3g} vs RMS logits {scale:.3g}"
+    assert diff.max() < 1.5, f"max logit difference {diff.max():.3g}"
+    assert rms < 0.06 * scale, f"RMS difference {rms:.3g} vs RMS logits {scale:.3g}"
+
+
+def assert_same_top1(got: np.ndarray, want: np.ndarray, q8: bool) -> None:
+    """The argmax of every row agrees; with 8-bit activations, except at rows
+    whose two best logits in `want` are within NEAR_TIE."""
+    off = got.argmax(-1) != want.argmax(-1)
+    if q8:
+        top2 = np.sort(want, axis=-1)[:, -2:]
+        off &= top2[:, 1] - top2[:, 0] >= NEAR_TIE
+    assert not off.any(), f"top-1 differs at rows {np.nonzero(off)[0].tolist()}"

@@ -16,6 +16,10 @@ struct Params {
     has_resid: u32,  // y += resid (same layout as y): the residual add, fused
     split1: u32,     // fused q|k|v GEMV (gemv kernels): rows [0, split1) go to y,
     split2: u32,     // [split1, split2) to y2, [split2, N) to y3; 0 = one output
+    row_bytes2: u32, // gemv.wgsl: rows of the pair's second matrix, or of the split's second segment,
+    row_bytes3: u32, // of its third,
+    off2: u32,       // and the bytes where the second and third segments start
+    off3: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

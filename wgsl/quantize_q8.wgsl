@@ -1,5 +1,5 @@
-// Activations rounded to 8 bits per 32 values, the input of the Q4_K GEMV
-// (gemv_q4_k.wgsl multiplies them with dot4I8Packed). Per 32 values:
+// Activations rounded to 8 bits per 32 values, the input of the int8 GEMV
+// (gemv.wgsl multiplies them with dot4I8Packed). Per 32 values:
 // d = max|x| / 127, q = round(x / d), and the block keeps d and d * sum(q).
 //
 // Layout of one token's row (x_stride vec4 = 5K/64): K bytes of q, then K/16
@@ -7,11 +7,13 @@
 // 32 bytes together and neighbouring lanes read neighbouring bytes: in block b
 // (256 values), lane part p (c = p / 2, h = 16 (p % 2)) owns bytes
 // [256 b + 32 p, +32): q of values 64c + h .. +16 then 64c + 32 + h .. +16,
-// the order of the Q4_K nibbles it multiplies. The scales of block b,
+// the order of the Q4_K nibbles it multiplies; the other types' readers
+// pick their 16-value runs (one vec4 each) from it. The scales of block b,
 // pair c (sub-blocks 2c and 2c + 1) are one vec4 (d_a, s_a, d_b, s_b).
 //
 // One invocation per 4 values (one word), 8 per 32-value block; dispatch
-// (ceil(K / 1024), T, 1). K % 256 == 0.
+// (ceil(K / 1024), T, 1). K % 64 == 0: the permutation stays inside each 64
+// values (c = value / 64), so a last partial block of 256 fills its first K % 256 bytes.
 
 struct Params {
     K: u32,

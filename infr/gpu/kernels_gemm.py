@@ -104,13 +104,17 @@ def gemm_dispatches(
 def stacked_gemm_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int) -> list[Dispatch]:
     """ys[i][t] = W_i @ x[t] (+ bias) for matrices uploaded stacked
     (kernels_matmul.upload_stacked): one GEMM per matrix, each reading its rows
-    of the one buffer; `bias` holds every matrix's rows (or is None)."""
-    q, K = KM.as_qtype(tensors[0].qtype), int(tensors[0].shape[-1])
-    (buf, _, _), = chunks
+    of the one buffer (a mixed stack's through a view of its own); `bias`
+    holds every matrix's rows (or is None)."""
+    K = int(tensors[0].shape[-1])
+    mixed = KM.is_mixed(tensors)
+    parts = KM.stack_parts(tensors, chunks) if mixed else [chunks] * len(tensors)
     out, first = [], 0
-    for t, y in zip(tensors, ys):
-        n = int(t.shape[0])
-        out.append(_one(kernels, q, buf, K, n, first, 0, x, y, bias, first, T, K, n, None,
+    for t, y, part in zip(tensors, ys, parts):
+        q, n = KM.as_qtype(t.qtype), int(t.shape[0])
+        (buf, _, _), = part
+        wrow0 = 0 if mixed else first
+        out.append(_one(kernels, q, buf, K, n, wrow0, 0, x, y, bias, first, T, K, n, None,
                         f"gemm_{KM.wgsl_name(q)}_stacked {n}x{K}"))
         first += n
     return out

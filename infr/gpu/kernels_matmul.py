@@ -22,6 +22,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from infr.errors import UnsupportedError
+from infr.numerics import Q8_ACTIVATIONS
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.device import Device
 from infr.gpu.runtime import Dispatch, Kernels, storage
@@ -79,19 +80,27 @@ def row_bytes(qtype, K: int) -> int:
     return K // qk * nbytes
 
 
-# Types with a coalesced kernel (wgsl/gemv_TYPE.wgsl) -> the K multiple it needs.
-_COALESCED = {Q.Q4_K: 256}
-GEMV_TEAMS = 8  # 32-lane teams per workgroup of the coalesced kernels
+# Types with an int8 GEMV reader (wgsl/gemv_TYPE.wgsl) -> its x family: which
+# activations a lane meets (gemv.wgsl's x_std / x_b32 / x_q6k).
+GEMV_FAMILY = {Q.Q4_K: "std", Q.Q6_K: "q6k", Q.Q8_0: "b32", Q.Q5_0: "b32", Q.Q5_K: "std", Q.Q4_0: "b32"}
+GEMV_K = 64  # the GEMV's K multiple: the unit of quantize_q8's layout
+GEMV_TEAMS = 8  # 32-lane teams per workgroup of the GEMV
+_IQ4 = (Q.IQ4_NL, Q.IQ4_XS)  # readers that fill a table in workgroup memory first
+
+
+def has_gemv(qtype, K: int) -> bool:
+    """Whether [*, K] matrices of this type run the int8 GEMV (rows of whole 64-value groups)."""
+    return Q(int(qtype)) in GEMV_FAMILY and K % GEMV_K == 0
 
 
 @dataclass(frozen=True)
 class GemvTuning:
-    """How the coalesced GEMV is compiled: R weight rows per team (the
-    activations are loaded once for all of them), U block steps unrolled,
-    and the subgroup size its reductions use (0: shared memory only).
-    INFR_GEMV_R / INFR_GEMV_U / INFR_GEMV_SG override (for measuring). With
-    8-bit activations one row and two steps in flight measured best on the
-    H200 for every Llama shape (perf/h200/gemv-bench-2026-12-01-q8.json)."""
+    """How the GEMV is compiled: R weight rows per team (the activations are
+    loaded once for all of them), U block steps unrolled, and the subgroup
+    size its reductions use (0: shared memory only). INFR_GEMV_R / INFR_GEMV_U
+    / INFR_GEMV_SG override (for measuring). With 8-bit activations one row
+    and two steps in flight measured best on the H200 for every Llama shape
+    (Q4_K; perf/h200/gemv-bench-2026-12-01-q8.json)."""
 
     R: int = 1
     U: int = 2
@@ -108,21 +117,31 @@ class GemvTuning:
         return t
 
 
-def gemv_pipeline(kernels: Kernels, q, N: int, pair_act: str | None = None, split: bool = False):
-    """The coalesced GEMV for `q` and N output rows (plain, the fused gate||up
-    with activation `pair_act`, or the stacked q|k|v with `split`) and its
-    output rows per workgroup."""
+def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False):
+    """The GEMV over rows of `types` (one type; a pair's gate and up types; a
+    split's segment types) for a plain product, the fused gate||up with
+    activation `pair_act`, or the stacked q|k|v with `split`; and its output
+    rows per workgroup."""
     t = GemvTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change between models
+    qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
+    qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
     R, U = (2, t.U) if pair else (t.R, t.U)  # a pair's two rows are its gate and up
+    names = [wgsl_name(q) for q in qs]
+    fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
-        R=R, U=U, SG=t.SG, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(),
+        R=R, U=U, SG=t.SG, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(), SPLIT=str(split).lower(),
         SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
         W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
-        W2_LOAD="if (slot == 1u) { return w2[i]; }" if pair else "",
+        W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
+        W2_WORD="if (slot == 1u) { return w2[a >> 4u][(a >> 2u) & 3u]; }" if pair else "",
         SPLIT_DECL="// #include gemv_split" if split else "", STORE="store_split" if split else "store_row",
+        READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
+        PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
+        SAME_X=str(len(set(fams)) == 1).lower(), ONE_TYPE=str(len(set(qs)) == 1).lower(),
+        **{f"DOT{i}": f"dot_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
     )
-    pipe = kernels.pipeline(f"gemv_{wgsl_name(q)}", "main", **consts)
+    pipe = kernels.pipeline("gemv", "main", **consts)
     return pipe, GEMV_TEAMS * (1 if pair else R)
 
 
@@ -143,12 +162,15 @@ def _pack(fields: list[tuple[str, str, object]]) -> np.ndarray:
 def params_matmul(
     K: int, N: int, row0: int, row_bytes: int, x_stride: int, y_stride: int, has_bias: bool, T: int,
     has_resid: bool = False, split1: int = 0, split2: int = 0,
+    row_bytes2: int = 0, row_bytes3: int = 0, off2: int = 0, off3: int = 0,
 ) -> np.ndarray:
-    """matmul.wgsl Params; N is the chunk's row count, row0 its first global row."""
+    """matmul_common.wgsl Params; N is the chunk's row count, row0 its first global row."""
     return _pack([
         ("K", "u32", K), ("N", "u32", N), ("row0", "u32", row0), ("row_bytes", "u32", row_bytes),
         ("x_stride", "u32", x_stride), ("y_stride", "u32", y_stride), ("has_bias", "u32", int(has_bias)),
         ("T", "u32", T), ("has_resid", "u32", int(has_resid)), ("split1", "u32", split1), ("split2", "u32", split2),
+        ("row_bytes2", "u32", row_bytes2), ("row_bytes3", "u32", row_bytes3), ("off2", "u32", off2),
+        ("off3", "u32", off3),
     ])
 
 
@@ -200,6 +222,17 @@ def _no_bias(kernels: Kernels):
     return buf
 
 
+_sinks: weakref.WeakKeyDictionary[Kernels, object] = weakref.WeakKeyDictionary()
+
+
+def _no_output(kernels: Kernels):
+    """Bound in place of the third output of a two-matrix stack (never written)."""
+    buf = _sinks.get(kernels)
+    if buf is None:
+        buf = _sinks[kernels] = storage(kernels.dev, 16, label="no_output")
+    return buf
+
+
 def _weight_shape(w, dims: tuple) -> tuple[Q, tuple]:
     """Accept a Tensor (its qtype and shape) or a bare qtype whose shape comes in `dims`."""
     if hasattr(w, "qtype") and hasattr(w, "shape"):
@@ -218,8 +251,9 @@ def matmul_dispatches(
     is upload_weight's list, `bias` a buffer of N floats or None, `resid` a
     buffer laid out like y added in the epilogue (a fused residual add; it
     must not be y itself). Strides are in floats and default to K (x) and N (y).
-    Q4_K weights: the GEMV multiplies x rounded to 8 bits (kernels_q8), by a
-    quantize dispatch put first, or already rounded in `xq` (x is then unread).
+    Types with an int8 GEMV (has_gemv): it multiplies x rounded to 8 bits
+    (kernels_q8), by a quantize dispatch put first, or already rounded in `xq`
+    (x is then unread). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
     """
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
@@ -233,13 +267,18 @@ def matmul_dispatches(
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
     out = []
-    if q in _COALESCED and K % _COALESCED[q] == 0:  # a team of lanes reads each block together
-        pipe, rows_wg = gemv_pipeline(kernels, q, N)
+    if has_gemv(q, K):  # int8 activations, a team of lanes reads each block together
+        pipe, rows_wg = gemv_pipeline(kernels, q)
         label = f"gemv_{wgsl_name(q)}"
         if xq is None:
             quant, xq = KQ.quantize_dispatch(kernels, x, K, T, x_stride)
             out.append(quant)
         x, x_stride = xq, KQ.words(K) // 4  # the GEMV reads the rounded rows, in vec4
+    elif q in Q8_ACTIVATIONS:  # K % 64 != 0: the f32 GEMM rounds its activations itself
+        from infr.gpu import kernels_gemm as KG
+
+        return KG.gemm_dispatches(kernels, q, chunks, x, y, bias, K, N, T, x_stride=x_stride, y_stride=y_stride,
+                                  resid=resid)
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
         label = f"matmul_{wgsl_name(q)}"
@@ -253,14 +292,19 @@ def matmul_dispatches(
     return out
 
 
-def can_fuse_gate_up(wg, wu, chunks_g, chunks_u) -> bool:
-    """Both matrices of one type with a coalesced kernel, one shape, one chunking."""
-    qg, qu = as_qtype(wg.qtype), as_qtype(wu.qtype)
+def can_pair(wg, wu, chunks_g, chunks_u) -> bool:
+    """Gate and up the GEMV runs as one PAIR dispatch: both with an int8 GEMV
+    (their types may differ), one shape, one chunking."""
     K = int(wg.shape[-1])
     return (
-        qg == qu and qg in _COALESCED and K % _COALESCED[qg] == 0 and tuple(wg.shape) == tuple(wu.shape)
+        has_gemv(wg.qtype, K) and has_gemv(wu.qtype, K) and tuple(wg.shape) == tuple(wu.shape)
         and [(r0, n) for _, r0, n in chunks_g] == [(r0, n) for _, r0, n in chunks_u]
     )
+
+
+def can_fuse_gate_up(wg, wu, chunks_g, chunks_u) -> bool:
+    """A pair (can_pair) of one type: what the tiled kernels (kernels_mmq) fuse."""
+    return as_qtype(wg.qtype) == as_qtype(wu.qtype) and can_pair(wg, wu, chunks_g, chunks_u)
 
 
 def gate_up_dispatches(
@@ -269,68 +313,108 @@ def gate_up_dispatches(
     """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk (the fused
     gate||up of a gated FFN), or None where no fused kernel applies (the caller
     then runs the two matmuls and the activation)."""
-    if not can_fuse_gate_up(wg, wu, chunks_g, chunks_u):
+    if not can_pair(wg, wu, chunks_g, chunks_u):
         return None
-    qg = as_qtype(wg.qtype)
+    qg, qu = as_qtype(wg.qtype), as_qtype(wu.qtype)
     K, N = int(wg.shape[-1]), int(wg.shape[0])
-    pipe, rows_wg = gemv_pipeline(kernels, qg, N, pair_act=getattr(act, "value", act))
-    rb = row_bytes(qg, K)
+    pipe, rows_wg = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act))
+    rb, rb2 = row_bytes(qg, K), row_bytes(qu, K)
     none = _no_bias(kernels)
     out = []
     if xq is None:
         quant, xq = KQ.quantize_dispatch(kernels, x, K, T)
         out.append(quant)
     x = xq
+    name = wgsl_name(qg) if qg == qu else f"{wgsl_name(qg)}_{wgsl_name(qu)}"
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
-        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T),
+        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2),
                     label="gate_up.params", uniform=True)
         groups = (-(-rows // rows_wg), T, 1)
         bind = kernels.bind(pipe, [p, bg, x, y, none, none, bu])
-        out.append(Dispatch(pipe, bind, groups, f"gemv_{wgsl_name(qg)}_gate_up {N}x{K}", 2 * rows * rb))
+        out.append(Dispatch(pipe, bind, groups, f"gemv_{name}_gate_up {N}x{K}", rows * (rb + rb2)))
+    return out
+
+
+STACK_ALIGN = 256  # a mixed stack's matrices start here: WebGPU's storage offset alignment, for views of each
+
+
+def is_mixed(tensors) -> bool:
+    return len({as_qtype(t.qtype) for t in tensors}) > 1
+
+
+def stack_layout(tensors) -> list[tuple[int, int]]:
+    """(byte offset, bytes) of each matrix in its stacked upload: back to back
+    when they share a type (one row layout from the first row on), each on a
+    STACK_ALIGN boundary when they do not (its own vec4-aligned rows, and a
+    buffer view per matrix for the kernels that run them one by one)."""
+    align = STACK_ALIGN if is_mixed(tensors) else 1
+    out, off = [], 0
+    for t in tensors:
+        n = int(t.shape[0]) * row_bytes(t.qtype, int(t.shape[-1]))
+        out.append((off, n))
+        off = -(-(off + n) // align) * align
     return out
 
 
 def can_stack(tensors, max_binding: int) -> bool:
-    """Matrices one GEMV can run stacked (the fused q|k|v): one type with a
-    coalesced kernel, one K, together within one storage binding."""
-    qs = {as_qtype(t.qtype) for t in tensors}
+    """Matrices one GEMV can run stacked (the fused q|k|v): 2 or 3 with an
+    int8 GEMV (types may differ: a Q4_K_M layer's Q6_K v), one K, together
+    within one storage binding."""
     ks = {int(t.shape[-1]) for t in tensors}
-    if len(qs) != 1 or len(ks) != 1:
+    if len(ks) != 1 or not 2 <= len(tensors) <= 3:
         return False
-    q, K = qs.pop(), ks.pop()
-    total = sum(int(t.shape[0]) for t in tensors) * row_bytes(q, K)
-    return q in _COALESCED and K % _COALESCED[q] == 0 and 2 <= len(tensors) <= 3 and total <= max_binding
+    K = ks.pop()
+    off, n = stack_layout(tensors)[-1]
+    return all(has_gemv(t.qtype, K) for t in tensors) and -(-(off + n) // STACK_ALIGN) * STACK_ALIGN <= max_binding
 
 
 def upload_stacked(dev: Device, tensors, label: str) -> list[tuple]:
-    """The matrices' raw rows one after the other in one buffer: [(buffer, 0, rows)]."""
-    raw = np.concatenate([np.ascontiguousarray(t.raw).view(np.uint8).reshape(-1) for t in tensors])
+    """The matrices' raw rows in one buffer (stack_layout): [(buffer, 0, rows)]."""
+    layout = stack_layout(tensors)
+    off, n = layout[-1]
+    raw = np.zeros(-(-(off + n) // STACK_ALIGN) * STACK_ALIGN, np.uint8)
+    for t, (off, n) in zip(tensors, layout):
+        raw[off : off + n] = np.ascontiguousarray(t.raw).view(np.uint8).reshape(-1)
     rows = sum(int(t.shape[0]) for t in tensors)
     return [(storage(dev, raw, label=label), 0, rows)]
+
+
+def stack_parts(tensors, chunks) -> list[list[tuple]]:
+    """Each matrix of a mixed stack as upload_weight's chunk list over a view of the buffer."""
+    if not is_mixed(tensors):
+        raise ValueError("views of a stack need its matrices on STACK_ALIGN boundaries (a mixed stack)")
+    (buf, _, _), = chunks
+    return [[((buf, off, -(-n // STACK_ALIGN) * STACK_ALIGN), 0, int(t.shape[0]))]
+            for t, (off, n) in zip(tensors, stack_layout(tensors))]
 
 
 def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, xq=None) -> list[Dispatch]:
     """ys[i][t] = W_i @ x[t] (+ bias) for the stacked matrices in one dispatch;
     `bias` is one buffer with every matrix's rows (zeros where one has none)."""
-    q, K = as_qtype(tensors[0].qtype), int(tensors[0].shape[-1])
+    qs = [as_qtype(t.qtype) for t in tensors]
+    K = int(tensors[0].shape[-1])
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    pipe, rows_wg = gemv_pipeline(kernels, q, N, split=True)
+    pipe, rows_wg = gemv_pipeline(kernels, qs, split=True)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
+    layout = stack_layout(tensors) + [(0, 0)]
+    rbs = [row_bytes(q, K) for q in qs] + [0]
     (buf, _, _), = chunks
-    rb = row_bytes(q, K)
     quant = []
     if xq is None:
         d, xq = KQ.quantize_dispatch(kernels, x, K, T)
         quant.append(d)
-    p = storage(kernels.dev, params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, bias is not None, T, False, split1, split2),
-                label="qkv.params", uniform=True)
+    data = params_matmul(K, N, 0, rbs[0], KQ.words(K) // 4, N, bias is not None, T, False, split1, split2,
+                         row_bytes2=rbs[1], row_bytes3=rbs[2], off2=layout[1][0], off3=layout[2][0])
+    p = storage(kernels.dev, data, label="qkv.params", uniform=True)
     none = _no_bias(kernels)
-    outs = list(ys) + [none] * (3 - len(ys))
+    # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
+    outs = list(ys) + [_no_output(kernels)] * (3 - len(ys))
     bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
-    label = f"gemv_{wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
-    return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, N * rb)]
+    name = wgsl_name(qs[0]) if not is_mixed(tensors) else "_".join(dict.fromkeys(wgsl_name(q) for q in qs))
+    label = f"gemv_{name}_stacked {'+'.join(map(str, sizes))}x{K}"
+    return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, sum(n for _, n in layout))]
 
 
 def embed_dispatches(kernels: Kernels, w, chunks, ids, y, scale: float, T: int, K: int | None = None) -> list[Dispatch]:

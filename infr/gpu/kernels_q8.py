@@ -1,7 +1,7 @@
-"""Activations rounded to 8 bits per 32 values, the input of the Q4_K GEMV.
+"""Activations rounded to 8 bits per 32 values, the input of the int8 GEMV.
 
-The Q4_K kernel multiplies nibbles with int8 activations by dot4I8Packed (see
-wgsl/gemv_q4_k.wgsl for why); the reference rounds the same way
+The GEMV multiplies every Q8_ACTIVATIONS type's quants with int8 activations
+by dot4I8Packed (see wgsl/gemv.wgsl for why); the reference rounds the same way
 (infr.numerics.quantize_q8). The rounded rows go through one scratch buffer
 per device: each quantization is followed by the GEMVs that read it, in the
 same ordered pass. `rmsnorm_q8` writes a norm's output both as floats and
@@ -22,14 +22,15 @@ _scratch: weakref.WeakKeyDictionary[Kernels, dict] = weakref.WeakKeyDictionary()
 
 
 def words(K: int) -> int:
-    """u32 words per token of the rounded rows: K bytes of q, then K/16 words of scales."""
+    """u32 words per token of the rounded rows: K bytes of q, then K/16 words of scales (K % 64 == 0)."""
     return K // 4 + K // 16
 
 
 def takes_q8(tensor) -> bool:
-    """Whether a matmul with this weight multiplies rounded activations (every
-    Q4_K matrix: its K is whole 256-value blocks)."""
-    return Q(int(tensor.qtype)) in Q8_ACTIVATIONS
+    """Whether a matmul with this weight reads its activations rounded, from
+    the q8 scratch: its type rounds them (Q8_ACTIVATIONS) and K is whole
+    64-value groups of the layout (other K round inside the f32 GEMM)."""
+    return Q(int(tensor.qtype)) in Q8_ACTIVATIONS and int(tensor.shape[-1]) % 64 == 0
 
 
 def _buffer(kernels: Kernels, kind: str, nbytes: int):

@@ -1,4 +1,4 @@
-"""8-bit activations for the Q4_K GEMV (infr/gpu/kernels_q8.py): the quantize
+"""8-bit activations for the int8 GEMV (infr/gpu/kernels_q8.py): the quantize
 and rmsnorm_q8 kernels against the numpy reference (infr.cpu.ops)."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ def decode(words: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """One token's rounded row back in value order: (q int8 [K], d [K/32], s [K/32])."""
     raw = words[: K // 4].view(np.int8)
     q = np.empty(K, np.int8)
-    for blk in range(K // 256):
-        for p in range(8):
-            c, h = p // 2, 16 * (p % 2)
-            src = raw[blk * 256 + 32 * p : blk * 256 + 32 * p + 32]
-            q[blk * 256 + 64 * c + h : blk * 256 + 64 * c + h + 16] = src[:16]
-            q[blk * 256 + 64 * c + 32 + h : blk * 256 + 64 * c + 32 + h + 16] = src[16:]
-    scales = words[K // 4 : K // 4 + K // 16].view(np.float32).reshape(K // 256, 4, 2, 2)  # blk, c, a|b, (d, s)
+    for g in range(K // 64):  # 64 values at a time: a last partial 256-value block keeps its first K % 256 bytes
+        blk, c = divmod(g, 4)
+        for hh in range(2):
+            src = raw[blk * 256 + 32 * (2 * c + hh) :][:32]
+            lo = blk * 256 + 64 * c + 16 * hh
+            q[lo : lo + 16], q[lo + 32 : lo + 48] = src[:16], src[16:]
+    scales = words[K // 4 : K // 4 + K // 16].view(np.float32).reshape(K // 64, 2, 2)  # pair, a|b, (d, s)
     return q, scales[..., 0].reshape(-1), scales[..., 1].reshape(-1)
 
 
@@ -39,7 +39,8 @@ def _check(words: np.ndarray, x: np.ndarray, K: int) -> None:
     np.testing.assert_allclose(s, d * q.reshape(-1, 32).sum(-1, dtype=np.int64), rtol=1e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("K,T", [(256, 1), (1280, 3), (2048, 2)])  # K not a multiple of 1024; several tokens
+# K not a multiple of 1024; several tokens; 640 and 64: not whole 256-value blocks (the 32-value types' GEMV)
+@pytest.mark.parametrize("K,T", [(256, 1), (1280, 3), (2048, 2), (640, 2), (64, 3)])
 def test_quantize_rows(gpu, kernels, K, T):
     rng = np.random.default_rng(K + T)
     stride = K + 64  # rows of a wider buffer
