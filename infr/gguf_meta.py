@@ -5,8 +5,9 @@ metadata array (two per string), so a vocabulary becomes hundreds of thousands
 of Python objects before anything else happens. Opening a model through it took
 1.2 s for SmolLM2-135M (49k tokens, 49k merges), 3.5 s for Qwen2.5-Coder-0.5B
 (152k tokens, 151k merges) and 4.4 s for Gemma-3-270m (262k tokens with scores
-and types), measured on the 2-core development machine. Here it takes about
-10, 30 and 40 ms (perf/cold_start.py times the whole process).
+and types), measured on the 2-core development machine; here it takes 0.06,
+0.14 and 0.16 s with those 2 cores loaded ~6 by other work (perf/cold_start.py
+times the whole process).
 
 What it returns matches gguf's reader as infr decoded it before (tests compare
 every key and value): scalars as Python values, strings decoded as UTF-8 with

@@ -15,6 +15,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -39,6 +40,7 @@ def dequantize_rows(t: Tensor, rows: np.ndarray) -> np.ndarray:
 _WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 _MADV_POPULATE_WRITE, _MADV_COLLAPSE = 23, 25  # Linux >= 5.14 / 6.1; Python 3.11's mmap names neither
 _ALIGN, _HUGE_PAGE = 4096, 2 << 20
+_COLLAPSE_DELAY_S, _COLLAPSE_STEP = 5.0, 64 << 20
 
 
 def _madvise():
@@ -81,13 +83,20 @@ def _populate(a: np.ndarray) -> None:
 
 def _collapse_later(arena: np.ndarray) -> None:
     """Turn the loaded weights' pages into huge pages in a background thread (MADV_COLLAPSE,
-    Linux >= 6.1): the matmuls stream every weight per token, as with huge pages before,
-    and the compaction it costs is off the path to the first token."""
+    Linux >= 6.1), as the matmuls had them before: they stream every weight per token.
+
+    It waits `_COLLAPSE_DELAY_S` first, so a short run (`infr run ... --max-new 1`) exits
+    before paying for it, and goes `_COLLAPSE_STEP` bytes a call, since the process cannot
+    exit while one call is under way (one call over 2 GB held Qwen2.5-0.5B's exit 8 s).
+    """
     if _MADVISE is None or arena.nbytes < _HUGE_PAGE:
         return
 
     def collapse() -> None:
-        _MADVISE(arena.ctypes.data, arena.nbytes, _MADV_COLLAPSE)  # ctypes releases the GIL
+        time.sleep(_COLLAPSE_DELAY_S)
+        start, end = arena.ctypes.data, arena.ctypes.data + arena.nbytes
+        for at in range(start, end, _COLLAPSE_STEP):  # ctypes releases the GIL in each call
+            _MADVISE(at, min(_COLLAPSE_STEP, end - at), _MADV_COLLAPSE)
 
     threading.Thread(target=collapse, name="infr-weights-collapse", daemon=True).start()
 
