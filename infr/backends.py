@@ -6,6 +6,11 @@ import only this.
 
 from __future__ import annotations
 
+from typing import Protocol
+
+import numpy as np
+
+from infr.batch import Batch, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.plan import Plan
@@ -32,12 +37,39 @@ def choose_backend(name: str) -> tuple[str, str | None]:
     return "gpu", None
 
 
-def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None):
-    """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build."""
+def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks: int | None = None,
+                 max_seqs: int = 1) -> "Backend":
+    """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build.
+    `kv_blocks`: the KV store's size in blocks (default: one context); `max_seqs`: sequences per step."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
-        return CPUBackend(gf, plan, n_ctx)
+        return CPUBackend(gf, plan, n_ctx, kv_blocks=kv_blocks)
     from infr.gpu.backend import GPUBackend
 
-    return GPUBackend(gf, plan, n_ctx, progress=progress)
+    return GPUBackend(gf, plan, n_ctx, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs)
+
+
+class Backend(Protocol):
+    """What the engine needs of a backend (infr/cpu/backend.py, infr/gpu/backend.py)."""
+
+    name: str
+    plan: Plan
+    n_ctx: int
+    n_blocks: int  # KV store size in blocks of block_size tokens (infr/kvpool.py)
+    block_size: int
+    kv_bytes_per_token: int  # KV cache bytes one token takes, all layers
+    multi_step: int  # greedy decode steps decode_steps runs per call (1: none; the engine calls step)
+
+    def step(self, batch: Batch) -> StepResult:
+        """Every row of the batch through the model; one sampled token per output row."""
+        ...
+
+    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows, tokens kept on the device (multi_step > 1)."""
+        ...
+
+    def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:
+        """One sequence at positions start.. over blocks 0.. (tools and tests, not the engine):
+        the logits of the last n_logits rows."""
+        ...

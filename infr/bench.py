@@ -1,7 +1,7 @@
 """`python -m infr.bench`: prompt processing and generation speed, llama-bench style.
 
     python -m infr.bench -m smollm2 -p 512 -n 128 -r 3
-    python -m infr.bench -m synth:llama-8b:Q4_K -p 512 -n 128 -d 0,4096 -pg 512,128 --backend gpu -o json
+    python -m infr.bench -m synth:llama-8b -p 512 -n 128 -d 0,4096 -pg 512,128 --backend gpu -o json
 
 Tests follow llama-bench: `-p N` times one prefill of N tokens (ppN); `-n N`
 times N greedy decode steps (tgN); `-pg P,N` times a P-token prompt then N
@@ -13,7 +13,8 @@ A warm-up run of each test is dropped; `-r` repetitions are timed. Output
 reads it. Token ids are random (speed does not depend on them): models need no
 tokenizer. `-m synth:PRESET[:TYPE]` (presets of infr.synth, or short names such
 as llama-8b, llama-1b) writes a random-weight GGUF of a real shape once into
-infr's cache.
+infr's cache; TYPE is a llama-quantize file type with its per-tensor mix
+(Q4_K_M, the default, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Test:
 
 
 def synth_path(preset: str, wtype: str | None = None) -> Path:
-    """The cached random-weight GGUF of a synth preset (written on first use)."""
+    """The cached random-weight GGUF of a synth preset (written on first use), the Q4_K_M mix unless wtype."""
     from infr import synth
     from infr.offline import cache_dir
 
@@ -90,7 +91,7 @@ def synth_path(preset: str, wtype: str | None = None) -> Path:
         known = sorted(set(synth.PRESETS) | set(SYNTH_ALIASES))
         raise InfrError(f"unknown synthetic preset {preset!r}; known: {', '.join(known)}")
     try:
-        spec = synth.preset(preset, tokenizer="gpt2", **({"weight_type": wtype} if wtype else {}))
+        spec = synth.preset(preset, tokenizer="gpt2", weight_type=wtype or synth.DEFAULT_MIX)
         spec.validate()
     except ValueError as e:
         raise InfrError(str(e)) from None
@@ -113,63 +114,61 @@ def model_path(ref: str) -> Path:
     return resolve(ref)
 
 
-def load_backend(path: Path, backend: str, n_ctx: int):
-    from infr.backends import choose_backend, make_backend
-    from infr.gguf_file import open_gguf
-    from infr.models import build_spec
-    from infr.plan import build_plan
+def load_model(path: Path, backend: str, n_ctx: int):
+    """(Model, load seconds): the engine every test runs through (infr/engine.py)."""
+    from infr.backends import choose_backend
+    from infr.engine import Model
 
-    gf = open_gguf(path)
-    plan = build_plan(build_spec(gf))
     name, note = choose_backend(backend)
     if note:
         print(f"infr: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    be = make_backend(name, gf, plan, n_ctx)
-    return gf, plan, be, name, time.perf_counter() - t0
+    model = Model(path, n_ctx=n_ctx, backend=name)
+    return model, time.perf_counter() - t0
 
 
 # --- timing ------------------------------------------------------------------------------------
 
 
-def decode_greedy(be, token: int, start: int, n: int) -> list[int]:
-    """n greedy steps from `token` at position `start`; the GPU backend keeps tokens on the device."""
-    if hasattr(be, "decode_greedy"):
-        return be.decode_greedy(token, start, n)
-    out = []
-    for i in range(n):
-        token = int(np.argmax(be.forward([token], start + i)[-1]))
-        out.append(token)
-    return out
+def time_test(model, test: Test, reps: int, warmup: bool = True, seed: int = 0) -> list[int]:
+    """Nanoseconds of each timed repetition, through the engine's one decode loop. The depth is
+    prefilled once, untimed, and every repetition's prompt follows it, so the prefix cache holds
+    the depth (whole KV blocks of it; llama-bench restores its cache the same way). pp: prompt
+    submitted -> its first token; tg: first token -> n_gen more; pp+tg: submitted -> the last one.
+    Greedy, end-of-generation ignored, as llama-bench runs."""
+    from infr.sampling import SamplingParams
+    from infr.scheduler import Request
 
-
-def time_test(be, n_vocab: int, test: Test, reps: int, warmup: bool = True, seed: int = 0) -> list[int]:
-    """Nanoseconds of each timed repetition. The depth is prefilled once, untimed;
-    every repetition writes its tokens after it, as llama-bench's restored cache."""
     rng = np.random.default_rng(seed)
-    d = test.n_depth
-    if d:
-        be.forward(rng.integers(0, n_vocab, d).tolist(), 0)
+    eng, n_vocab = model.engine, model.spec.n_vocab
+    greedy = SamplingParams(temperature=0.0)
+    depth = rng.integers(0, n_vocab, test.n_depth).tolist()
+    if depth:
+        eng.submit(req := Request(depth + [0], greedy, max_new=1, ignore_eos=True))
+        eng.run_until(lambda: req.done)
     samples = []
     for rep in range(reps + int(warmup)):
         ids = rng.integers(0, n_vocab, max(test.n_prompt, 1)).tolist()
-        t0 = time.perf_counter_ns()
-        if test.n_prompt:
-            logits = be.forward(ids, d)[-1]
-            if test.n_gen:
-                decode_greedy(be, int(np.argmax(logits)), d + test.n_prompt, test.n_gen)
-        elif test.n_gen:
-            decode_greedy(be, ids[0], d, test.n_gen)
-        ns = time.perf_counter_ns() - t0
+        req = Request(depth + ids, greedy, max_new=1 + test.n_gen if test.n_gen else 1, ignore_eos=True)
+        eng.submit(req)
+        eng.run_until(lambda: req.done)
+        if req.finish_reason != "length":
+            raise InfrError(f"the benchmark request ended with {req.finish_reason}: {req.error or ''}")
+        if test.n_prompt and test.n_gen:
+            ns = req.t_done - req.t_submit
+        elif test.n_prompt:
+            ns = req.t_first - req.t_submit
+        else:
+            ns = req.t_done - req.t_first
         if rep >= int(warmup):
-            samples.append(ns)
+            samples.append(int(ns * 1e9))
     return samples
 
 
-def run_test(be, n_vocab: int, n_prompt: int, n_gen: int, reps: int, seed: int = 0, n_depth: int = 0) -> list[float]:
+def run_test(model, n_prompt: int, n_gen: int, reps: int, seed: int = 0, n_depth: int = 0) -> list[float]:
     """Tokens per second of each repetition (older callers' interface)."""
     test = Test(n_prompt, n_gen, n_depth)
-    return [test.n_tokens * 1e9 / ns for ns in time_test(be, n_vocab, test, reps, seed=seed)]
+    return [test.n_tokens * 1e9 / ns for ns in time_test(model, test, reps, seed=seed)]
 
 
 def stats(test: Test, samples_ns: list[int]) -> dict:
@@ -319,7 +318,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m infr.bench", description=__doc__.split("\n\n")[0],
                                  epilog="Semantics follow llama-bench; see the module docstring.")
     ap.add_argument("-m", "--model", action="append", default=None,
-                    help="path, offline name, Hugging Face ref or synth:PRESET[:TYPE] (repeatable)")
+                    help="path, offline name, Hugging Face ref or synth:PRESET[:TYPE], TYPE a llama-quantize "
+                         "mix, Q4_K_M by default (repeatable)")
     ap.add_argument("-p", "--n-prompt", action="append", help="prompt sizes (default 512; 0 skips)")
     ap.add_argument("-n", "--n-gen", action="append", help="generation lengths (default 128; 0 skips)")
     ap.add_argument("-pg", action="append", metavar="PP,TG", help="prompt then generation, t/s over both")
@@ -358,18 +358,18 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
     results = []
     for ref in args.model or ["smollm2"]:
         path = model_path(ref)
-        gf, plan, be, backend, load_s = load_backend(path, args.backend, max(t.n_ctx for t in tests))
+        model, load_s = load_model(path, args.backend, max(t.n_ctx for t in tests))
         common = {"build_commit": build_commit, "build_number": build_number, "cpu_info": cpu_info(),
-                  **model_info(path, gf, plan), **backend_info(be, backend),
+                  **model_info(path, model.gguf, model.plan), **backend_info(model.backend, model.backend_name),
                   "load_seconds": round(load_s, 3), "command": command}
         for test in tests:
-            samples = time_test(be, plan.spec.n_vocab, test, args.repetitions, warmup=not args.no_warmup)
+            samples = time_test(model, test, args.repetitions, warmup=not args.no_warmup)
             record = {**common, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
                       "test_time": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       **stats(test, samples)}
             results.append({k: record[k] for k in FIELDS + INFR_FIELDS})
             print(f"infr: {path.name} {test.name}: {record['avg_ts']:.2f} t/s", file=sys.stderr)
-        del be
+        del model
     return results
 
 

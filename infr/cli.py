@@ -123,11 +123,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(tail + "\n")
         sys.stdout.flush()
         print(f"infr: {session.stats.line()}", file=sys.stderr)
-        loop = session.stats.gpu_loop
-        if loop and loop["tokens"]:  # the GPU-resident loop ran: its cost on the host
-            print(f"infr: gpu decode loop: {loop['dispatches_per_token']} dispatches/token, host encode "
-                  f"{loop['encode_s'] / loop['tokens'] * 1e6:.0f} us/token, submit {loop['submit_s'] / loop['tokens'] * 1e6:.0f}"
-                  f" us/token, {loop['submits']} submits", file=sys.stderr)
         return "".join(pieces)
 
     if args.raw:

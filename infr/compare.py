@@ -1,7 +1,8 @@
 """`infr compare MODEL`: infr and llama.cpp on the same GGUF file, matched workloads, their ratios.
 
     infr compare smollm2 --backend cpu
-    infr compare synth:llama-8b:Q4_K --backend gpu --json
+    infr compare synth:llama-8b --backend gpu --json         # the Q4_K_M mix
+    infr compare synth:llama-8b:Q6_K --backend gpu           # or any llama-quantize type
 
 The workloads are infr.bench tests: pp512, tg128, tg64 @ d4096 (generation
 deep in a conversation) and pp4 @ d4096 (a short follow-up turn: 4 new tokens
@@ -41,13 +42,14 @@ def workloads(pp: int = 512, tg: int = 128, depth: int = 4096, depth_pp: int = 4
 def infr_side(path, tests: list, reps: int, backend: str, n_ctx: int) -> dict:
     from infr import bench
 
-    gf, plan, be, name, load_s = bench.load_backend(path, backend, n_ctx)
-    info = {**bench.model_info(path, gf, plan), **bench.backend_info(be, name), "load_seconds": round(load_s, 3)}
+    model, load_s = bench.load_model(path, backend, n_ctx)
+    info = {**bench.model_info(path, model.gguf, model.plan), **bench.backend_info(model.backend, model.backend_name),
+            "load_seconds": round(load_s, 3)}
     results = {}
     for test in tests:
-        results[test.name] = bench.stats(test, bench.time_test(be, plan.spec.n_vocab, test, reps))
+        results[test.name] = bench.stats(test, bench.time_test(model, test, reps))
         print(f"infr: {test.name}: {results[test.name]['avg_ts']:.2f} t/s", file=sys.stderr)
-    del be
+    del model
     gc.collect()  # give the memory back before llama.cpp loads the same weights
     return {**info, "results": results}
 
@@ -109,7 +111,8 @@ def table(result: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a .gguf path, offline name, Hugging Face ref or synth:PRESET[:TYPE]")
+    p.add_argument("model", help="a .gguf path, offline name, Hugging Face ref or synth:PRESET[:TYPE] "
+                                 "(TYPE a llama-quantize mix: Q4_K_M by default, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS)")
     p.add_argument("--pp", type=int, default=512, help="prompt size of the ppN test (default 512)")
     p.add_argument("--tg", type=int, default=128, help="tokens of the tgN test (default 128)")
     p.add_argument("--depth", type=int, default=4096, help="context depth of the deep tests (default 4096)")

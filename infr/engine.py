@@ -1,16 +1,18 @@
-"""The engine: a loaded model and sessions that prefill, decode and generate.
+"""The engine: a loaded model, its KV pool and scheduler, and sessions.
 
 `Model` ties the store, the family spec, the plan, the tokenizer, the chat
-template and a backend together. A `Session` owns the KV cache position and
-keeps the longest common prefix between calls, so a follow-up chat turn
-prefills only its new tokens.
+template and a backend together, and owns the one decode loop: a
+`Scheduler` (infr/scheduler.py) over a `BlockPool` (infr/kvpool.py) that
+batches every running sequence into one backend `step(batch)`. `infr serve`
+runs it on an engine thread; a `Session` (`infr run`, notebooks, tools)
+drives it on the caller's thread. A follow-up chat turn prefills only what
+the prefix cache does not hold.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -18,13 +20,15 @@ from typing import Iterator
 import numpy as np
 
 from infr.backends import choose_backend, make_backend
+from infr.kvpool import BLOCK_SIZE, BlockPool
 from infr.chat import ChatTemplate
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile, open_gguf
 from infr.models import build_spec
 from infr.models.spec import ModelSpec
 from infr.plan import Plan, build_plan
-from infr.sampling import Sampler, SamplingParams
+from infr.sampling import SamplingParams
+from infr.scheduler import Request, Scheduler
 from infr.tokenizer import Tokenizer
 
 
@@ -36,7 +40,6 @@ class Stats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     reused_tokens: int = 0
-    gpu_loop: dict | None = None  # the GPU-resident loop's numbers (infr/gpu/decode.py), when it ran
 
     def line(self) -> str:
         def rate(n: int, s: float) -> str:
@@ -50,7 +53,11 @@ class Stats:
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None):
+    """A loaded model. `parallel`: sequences the engine runs at once; `kv_tokens`: the KV pool's
+    capacity in tokens (default: n_ctx for each of them); `batch_tokens`: rows per step at most."""
+
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
+                 parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -64,10 +71,20 @@ class Model:
         )
         if n_ctx <= 0:
             raise InfrError(f"context size must be positive, got {n_ctx}")
+        if parallel < 1:
+            raise InfrError(f"parallel must be at least 1, got {parallel}")
         self.n_ctx = n_ctx
+        kv_tokens = kv_tokens if kv_tokens is not None else n_ctx * parallel
+        if kv_tokens < min(n_ctx, BLOCK_SIZE):
+            raise InfrError(f"a KV cache of {kv_tokens} tokens is too small (at least {min(n_ctx, BLOCK_SIZE)})")
         self.backend_name, self.backend_note = choose_backend(backend)
+        n_blocks = -(-kv_tokens // BLOCK_SIZE)
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
-        self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress)
+        self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
+                                    kv_blocks=n_blocks, max_seqs=parallel)
+        self.pool = BlockPool(n_blocks, BLOCK_SIZE)
+        self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
+                                parallel=parallel, batch_tokens=batch_tokens)
 
     def session(self) -> "Session":
         return Session(self)
@@ -75,80 +92,98 @@ class Model:
 
 @dataclass
 class Session:
+    """One conversation on the model's engine, driven from the caller's thread."""
+
     model: Model
-    tokens: list[int] = field(default_factory=list)  # what the KV cache holds, in order
+    tokens: list[int] = field(default_factory=list)  # the sequence so far, in order
     stats: Stats = field(default_factory=Stats)
+    _held: Request | None = None  # the sequence prefill() / decode() extend
 
     def reset(self) -> None:
+        self._drop()
         self.tokens = []
 
+    def _drop(self) -> None:
+        if self._held is not None:
+            self.model.engine.release(self._held)
+            self._held = None
+
     def prefill(self, ids: list[int]) -> np.ndarray:
-        """Bring the cache to exactly `ids`; returns the last position's logits."""
+        """Bring the sequence to exactly `ids`; returns the last position's logits."""
         if not ids:
             raise InfrError("empty prompt: nothing to run")
         n_ctx = self.model.n_ctx
         if len(ids) > n_ctx:
             raise InfrError(f"prompt has {len(ids)} tokens but the context holds {n_ctx} (use --ctx)")
-        keep = common_prefix(self.tokens, ids)
-        keep = min(keep, len(ids) - 1)  # at least one token runs, to produce logits
+        eng = self.model.engine
         t0 = time.perf_counter()
-        logits = self.model.backend.forward(ids[keep:], keep)[-1]
+        if self._held is None:
+            self._held = eng.submit(Request(list(ids), SamplingParams(temperature=0.0), max_new=1 << 30,
+                                            want_logits=True, hold=True))
+            reused = None
+        else:
+            eng.resume(self._held, list(ids))
+            reused = self._held.computed
+        eng.run_until(lambda: self._held.held or self._held.done)
+        self._check(self._held)
         self.stats.prompt_seconds += time.perf_counter() - t0
         self.stats.prompt_tokens += len(ids)
-        self.stats.reused_tokens += keep
+        self.stats.reused_tokens += self._held.cached_tokens if reused is None else reused
         self.tokens = list(ids)
-        return logits
+        return self._held.last_logits
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token; returns its logits."""
-        logits = self.model.backend.forward([token], len(self.tokens))[-1]
-        self.tokens.append(token)
-        return logits
+        if self._held is None:
+            raise InfrError("decode() needs a prefill() first")
+        return self.prefill(self.tokens + [int(token)])
 
     def generate(
         self, prompt: list[int], params: SamplingParams | None = None, max_new: int = 256
     ) -> Iterator[int]:
         """Yield sampled tokens until end-of-generation, max_new or a full context."""
         params = (params or SamplingParams()).validate()
-        sampler = Sampler(params, self.model.spec.n_vocab)
+        self._drop()
         self.stats = Stats()
-        logits = self.prefill(prompt)
+        if not prompt:
+            raise InfrError("empty prompt: nothing to run")
+        if len(prompt) > self.model.n_ctx:
+            raise InfrError(f"prompt has {len(prompt)} tokens but the context holds {self.model.n_ctx} (use --ctx)")
+        if max_new <= 0:
+            return
+        eng = self.model.engine
+        out: list[int] = []
+        req = Request(list(prompt), params, max_new=max_new, on_token=lambda t, _: out.append(t) and False)
         t0 = time.perf_counter()
+        eng.submit(req)
+        sent = 0
         try:
-            if hasattr(self.model.backend, "decode_stream") and self.model.backend.can_sample(params):
-                yield from self._generate_resident(logits, params, max_new)  # sampled on the GPU
-                return
-            for i in range(max_new):
-                token = sampler.sample(logits, self.tokens)
-                if self.model.tokenizer.is_eog(token):
-                    return
-                self.stats.generated_tokens += 1
-                yield token
-                if len(self.tokens) >= self.model.n_ctx or i == max_new - 1:
-                    return
-                logits = self.decode(token)
-        finally:
-            self.stats.generate_seconds += time.perf_counter() - t0
-
-    def _generate_resident(self, logits: np.ndarray, params: SamplingParams, max_new: int) -> Iterator[int]:
-        """generate() on the GPU-resident loop (infr/gpu/decode.py), with the host loop's
-        rule for `tokens`: a token joins them once the model has run it (all but the last of n)."""
-        n = min(max_new, self.model.n_ctx - len(self.tokens) + 1)
-        last = None
-        with closing(self.model.backend.decode_stream(logits, self.tokens, n, params)) as stream:
-            try:
-                for j, token in enumerate(stream):
-                    if self.model.tokenizer.is_eog(token):
-                        break
-                    if last is not None:
-                        self.tokens.append(last[0])
+            while True:
+                if sent < len(out):
+                    if self.stats.prompt_seconds == 0.0:
+                        self.stats.prompt_seconds = time.perf_counter() - t0
+                        t0 = time.perf_counter()
+                    sent += 1
                     self.stats.generated_tokens += 1
-                    yield token
-                    last = (token, j)
-            finally:
-                self.stats.gpu_loop = self.model.backend.resident().last
-        if last is not None and last[1] < n - 1:
-            self.tokens.append(last[0])
+                    yield out[sent - 1]
+                    continue
+                if req.done:
+                    break
+                eng.run_until(lambda: req.done or len(out) > sent)
+            self._check(req)
+        finally:
+            if not req.done:
+                eng.cancel(req)
+                eng.step()  # frees its blocks now
+            self.stats.generate_seconds += time.perf_counter() - t0
+            self.stats.prompt_tokens = len(prompt)
+            self.stats.reused_tokens = req.cached_tokens or 0
+            self.tokens = list(prompt) + out[:sent]  # the conversation as the caller got it
+
+    @staticmethod
+    def _check(req: Request) -> None:
+        if req.finish_reason == "error":
+            raise InfrError(req.error or "generation failed")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -158,4 +193,3 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-

@@ -1,8 +1,11 @@
-"""GGUF access through the `gguf` package: memory-mapped, split files merged.
+"""GGUF access: memory-mapped, split files merged.
 
 A `GGUFFile` holds decoded metadata and a name -> `Tensor` table whose
-`.raw` is a read-only memmap view of the tensor's bytes in its GGUF block
-layout. Nothing is read into memory until a caller touches `.raw`.
+`.raw` is a read-only view of the mapped tensor bytes in its GGUF block
+layout. Nothing is read into memory until a caller touches `.raw`. The
+header, metadata and tensor table come from `infr.gguf_meta` (one pass, no
+object per vocabulary entry: it says why and what it saves); the types are
+`gguf`'s.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.constants import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType
 
+from infr import gguf_meta
 from infr.errors import GGUFError
+from infr.gguf_meta import GGUF_MAGIC, GGUFMeta
 
-GGUF_MAGIC = b"GGUF"
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -45,12 +48,12 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.paths = split_paths(self.path)
-        self._readers = [_open_reader(p) for p in self.paths]
-        self.metadata: dict[str, Any] = _decode_fields(self._readers[0])
+        self._metas = [_read(p) for p in self.paths]
+        self.metadata: dict[str, Any] = self._metas[0].metadata
         self.tensors: dict[str, Tensor] = {}
-        for path_, reader in zip(self.paths, self._readers):
-            for t in reader.tensors:
-                self.tensors[t.name] = _make_tensor(path_, reader, t)
+        for meta in self._metas:
+            for t in meta.tensors:
+                self.tensors[t.name] = Tensor(t.name, t.qtype, t.shape, meta.tensor_data(t))
         declared = self.metadata.get("split.tensors.count")
         if declared is not None and declared != len(self.tensors):
             raise GGUFError(
@@ -107,24 +110,7 @@ def split_paths(path: Path) -> list[Path]:
     return paths
 
 
-class _Reader(GGUFReader):
-    """GGUFReader over a plain ndarray view of its memmap.
-
-    Indexing an np.memmap costs ~10x an ndarray's (subclass finalisation);
-    the reader indexes once per metadata element, so a 262k-token vocabulary
-    took 16 s. The view still maps the file: nothing is read eagerly.
-    """
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
-
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
-
-
-def _open_reader(path: Path) -> GGUFReader:
+def _read(path: Path) -> GGUFMeta:
     if not path.exists():
         raise GGUFError(f"{path}: no such file")
     if path.is_dir():
@@ -133,70 +119,7 @@ def _open_reader(path: Path) -> GGUFReader:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise GGUFError(f"{path.name}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
-    try:
-        reader = _Reader(path, "r")
-    except (ValueError, IndexError, OverflowError, MemoryError, UnicodeDecodeError) as e:
-        size = path.stat().st_size
-        raise GGUFError(f"{path.name}: truncated or corrupt GGUF file ({size} bytes: {e})") from None
-    _check_complete(path, reader)
-    return reader
-
-
-def _check_complete(path: Path, reader: GGUFReader) -> None:
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise GGUFError(
-                f"{path.name}: truncated file: tensor {t.name!r} ends at byte {end} "
-                f"but the file has {size} bytes"
-            )
-
-
-def _make_tensor(path: Path, reader: GGUFReader, t: Any) -> Tensor:
-    qtype = GGMLQuantizationType(int(t.tensor_type))
-    # GGUF lists dims fastest-first; numpy wants slowest-first.
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-    raw = t.data
-    if qtype in GGML_QUANT_SIZES and raw.dtype != np.uint8 and qtype not in _PLAIN:
-        raw = raw.view(np.uint8)
-    return Tensor(name=t.name, qtype=qtype, shape=shape, raw=raw)
-
-
-_PLAIN = {GGMLQuantizationType.F32, GGMLQuantizationType.F16}
-
-
-def _decode_fields(reader: GGUFReader) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        out[key] = _field_value(field)
-    return out
-
-
-def _field_value(field: Any) -> Any:
-    types = field.types
-    if not types:
-        return None
-    if types[0] == GGUFValueType.ARRAY:
-        sub = types[-1] if len(types) > 1 else None
-        if sub == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        if sub == GGUFValueType.ARRAY:
-            return field.contents()
-        if not field.data:
-            return np.zeros(0, dtype=np.float32)
-        # Numeric arrays: one contiguous numpy array (scores, token types).
-        return np.concatenate([field.parts[i] for i in field.data])
-    if types[0] == GGUFValueType.STRING:
-        return bytes(field.parts[-1]).decode("utf-8", errors="replace")
-    value = field.parts[-1][0]
-    if types[0] == GGUFValueType.BOOL:
-        return bool(value)
-    if types[0] in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-        return float(value)
-    return int(value)
+    return gguf_meta.read(path)
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:

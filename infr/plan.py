@@ -13,11 +13,27 @@ from infr.ops import Add, Attention, Embed, GatedAct, MatMul, Op, RMSNorm, Rope,
 
 
 @dataclass(frozen=True)
+class KVState:
+    """What one attention layer keeps per sequence: keys and values, per token
+    (a backend stores them in the engine's KV blocks, infr/kvpool.py)."""
+
+    layer: int
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    window: int | None = None  # sliding window: only the last `window` positions are read
+
+
+LayerState = KVState  # recurrent state (conv + matrix per sequence) joins as another kind
+
+
+@dataclass(frozen=True)
 class Plan:
     spec: ModelSpec
     embed: tuple[Op, ...]
     layers: tuple[Op, ...]
     head: tuple[Op, ...]  # reads "x", writes "logits"
+    state: tuple[LayerState, ...] = ()  # per layer, what a sequence keeps between steps
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -43,7 +59,9 @@ def build_plan(spec: ModelSpec) -> Plan:
     head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight"))
     if spec.final_logit_softcap:
         head.append(Softcap("logits", spec.final_logit_softcap))
-    return Plan(spec, embed, tuple(layers), tuple(head))
+    state = tuple(KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
+                          la.attention.sliding_window) for la in spec.layers)
+    return Plan(spec, embed, tuple(layers), tuple(head), state)
 
 
 def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:

@@ -286,3 +286,25 @@ class Sampler:
         if i >= ids.size:
             i = int(np.flatnonzero(probs > 0)[-1])
         return int(ids[i])
+
+
+def host_sample(row, logits: np.ndarray) -> int:
+    """The token for an output row (infr.batch.OutputRow) from its logits, on the host:
+    its grammar mask first, then its sampler (greedy without one)."""
+    x = logits
+    if row.mask is not None:
+        x = np.where(unpack_mask(row.mask, x.shape[-1]), x, np.float32(-np.inf)).astype(np.float32, copy=False)
+    if row.sampler is not None:
+        return row.sampler.sample(x, row.history)
+    if not row.params.greedy:
+        raise SamplingError("a sampled row needs a sampler")
+    return int(np.argmax(apply_penalties(_as_logits(x), row.history, row.params)))
+
+
+def unpack_mask(bits: np.ndarray, n: int) -> np.ndarray:
+    """A grammar's token bitmask (bit i of byte i // 8, little-endian: token i allowed) as bool [n];
+    tokens past the mask's end are not allowed."""
+    allowed = np.unpackbits(np.asarray(bits, np.uint8), bitorder="little")[:n].astype(bool)
+    if allowed.shape[0] < n:  # model rows past the tokenizer's vocabulary
+        allowed = np.concatenate([allowed, np.zeros(n - allowed.shape[0], bool)])
+    return allowed

@@ -14,11 +14,16 @@ quantization. Values are uniform draws, not normal ones, because uniform
 float32 draws are a fixed bit transform of the generator's output, which is
 the part of numpy's streams least likely to change between versions.
 
+Weight types are llama-quantize's file types with its per-tensor mixes
+(Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...: the files people download),
+"NAME-pure" for every matrix in one type, and Q4_K / Q5_K for all-Q4_K / all-Q5_K.
+
 The tokenizer is llama.cpp's `test` model: it needs only
 `tokenizer.ggml.tokens` (no merges, scores or types); callers feed token ids.
 
     python -m infr.synth tiny-qwen3 /tmp/q3.gguf
     python -m infr.synth qwen3-0.6b /tmp/q3.gguf --type Q4_K_M --seed 1
+    python -m infr.synth llama-3.1-8b /tmp/8b-iq4.gguf --type IQ4_XS
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import quantize
+
+from infr.synth_encode import encode
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
@@ -82,7 +88,7 @@ class SynthSpec:
     sliding_window: int | None = None  # gemma3 local layers; required there
     qkv_bias: bool = False  # real qwen2 models always have it
     tied: bool = True  # no output.weight: the head reuses token_embd
-    weight_type: str = "F32"  # matrices; norms, biases and rope_freqs stay F32
+    weight_type: str = "F32"  # a WEIGHT_TYPES name; norms, biases and rope_freqs stay F32
     norm_eps: float = 1e-6
     rope_scaling: Llama3Rope | None = None  # llama only
     name: str = "synthetic"
@@ -170,135 +176,106 @@ def preset(name: str, **changes) -> SynthSpec:
 
 # --- weight types ------------------------------------------------------------------------------
 
-# Plain names put every matrix in that type; "Q4_K_M" follows llama.cpp's mix.
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 
-FILE_TYPES = {
-    "F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16,
-    "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q4_1": LlamaFileType.MOSTLY_Q4_1,
-    "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q5_1": LlamaFileType.MOSTLY_Q5_1, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
-    "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M,
+@dataclass(frozen=True)
+class WeightType:
+    """What `SynthSpec.weight_type` names: the file's general.file_type, the
+    matrices' default type, and whether llama.cpp's per-tensor mix applies."""
+
+    ftype: LlamaFileType
+    base: Q
+    mixed: bool
+
+
+# Facts from llama.cpp, src/llama-quant.cpp (llama_ftype_get_default_type,
+# llama_tensor_get_type_impl, tensor_type_fallback) and tools/quantize/quantize.cpp
+# (QUANT_OPTIONS), for llama-quantize without an importance matrix:
+# - every quantized file type has a default matrix type: Q4_0, Q4_1, Q5_0, Q5_1,
+#   Q8_0 theirs; Q4_K_M -> Q4_K, Q5_K_M -> Q5_K, Q6_K -> Q6_K, IQ4_XS -> IQ4_XS.
+# - the head (output.weight, or token_embd.weight in a model without output.weight)
+#   stays Q8_0 in a Q8_0 file and is Q6_K in every other one here (Q8_0 when the
+#   row length does not fit the block). An untied token_embd keeps the default.
+# - attn_v: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
+#   gives it Q5_K in every layer when n_head / n_head_kv >= 4.
+# - ffn_down: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
+#   gives it Q5_K in layers below n_layer / 8 (only without an imatrix: with one,
+#   IQ4_XS leaves them be and Q4_0 makes them Q4_1).
+# - use_more_bits(i, n): i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2. The loader
+#   sorts tensors by layer, so its attn_v counter is the layer index.
+# - rows not a multiple of 256: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL.
+# - general.file_type is the file type's number (Q4_0 2, Q8_0 7, Q4_K_M 15,
+#   Q5_K_M 17, Q6_K 18, IQ4_XS 30); `--pure` keeps it and drops the mix (not the
+#   row-length fallback). Norms, biases and rope_freqs (1-D) are never quantized.
+# So a Q6_K file is all Q6_K and a Q8_0 file all Q8_0; Q4_0's head is Q6_K.
+# llama-quantize also takes Q4_K and Q5_K as aliases of Q4_K_M and Q5_K_M; here
+# they keep meaning every matrix in that one type (no file is published under
+# those names, and kernel tests rely on single-type files). "NAME-pure" is a
+# file type with every matrix in its default type, as `--pure` writes it.
+_F = LlamaFileType
+WEIGHT_TYPE_INFO: dict[str, WeightType] = {
+    "F32": WeightType(_F.ALL_F32, Q.F32, False),
+    "F16": WeightType(_F.MOSTLY_F16, Q.F16, False),
+    "BF16": WeightType(_F.MOSTLY_BF16, Q.BF16, False),
+    "Q4_K": WeightType(_F.MOSTLY_Q4_K_S, Q.Q4_K, False),
+    "Q5_K": WeightType(_F.MOSTLY_Q5_K_S, Q.Q5_K, False),
+    # llama-quantize's file types, with their mixes
+    "Q4_0": WeightType(_F.MOSTLY_Q4_0, Q.Q4_0, True),
+    "Q4_1": WeightType(_F.MOSTLY_Q4_1, Q.Q4_1, True),
+    "Q5_0": WeightType(_F.MOSTLY_Q5_0, Q.Q5_0, True),
+    "Q5_1": WeightType(_F.MOSTLY_Q5_1, Q.Q5_1, True),
+    "Q8_0": WeightType(_F.MOSTLY_Q8_0, Q.Q8_0, True),
+    "Q4_K_M": WeightType(_F.MOSTLY_Q4_K_M, Q.Q4_K, True),
+    "Q5_K_M": WeightType(_F.MOSTLY_Q5_K_M, Q.Q5_K, True),
+    "Q6_K": WeightType(_F.MOSTLY_Q6_K, Q.Q6_K, True),
+    "IQ4_XS": WeightType(_F.MOSTLY_IQ4_XS, Q.IQ4_XS, True),
 }
+WEIGHT_TYPE_INFO.update({f"{name}-pure": replace(wt, mixed=False)
+                         for name, wt in list(WEIGHT_TYPE_INFO.items()) if wt.mixed})
+WEIGHT_TYPES = tuple(WEIGHT_TYPE_INFO)
+FILE_TYPES = {name: wt.ftype for name, wt in WEIGHT_TYPE_INFO.items()}
+# What benchmarks use when a preset comes without a type: the file most users download.
+DEFAULT_MIX = "Q4_K_M"
 
 # llama.cpp's substitutes when a row length is not a multiple of 256.
-K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.IQ4_XS: Q.IQ4_NL}
 
 
 def _use_more_bits(i: int, n: int) -> bool:
-    # llama.cpp's Q4_K_M gives these layers' attn_v and ffn_down 6 bits.
+    # The layers whose attn_v and ffn_down Q4_K_M and Q5_K_M give 6 bits.
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
+    """llama.cpp's choice for one matrix of a file type (the facts above)."""
+    if name == "output.weight" or (spec.tied and name == "token_embd.weight"):
+        return Q.Q8_0 if wt.base == Q.Q8_0 else Q.Q6_K
+    if not name.startswith("blk."):
+        return wt.base
+    layer, n = int(name.split(".")[1]), spec.n_layers
+    k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
+    if name.endswith("attn_v.weight"):
+        if k_mix and _use_more_bits(layer, n):
+            return Q.Q6_K
+        if wt.ftype == _F.MOSTLY_IQ4_XS and spec.n_heads // spec.n_kv_heads >= 4:
+            return Q.Q5_K
+    elif name.endswith("ffn_down.weight"):
+        if k_mix and _use_more_bits(layer, n):
+            return Q.Q6_K
+        if wt.ftype == _F.MOSTLY_IQ4_XS and layer < n // 8:
+            return Q.Q5_K
+    return wt.base
 
 
 def matrix_type(spec: SynthSpec, name: str, n_cols: int) -> Q:
     """The GGML type of one matrix under spec.weight_type."""
-    wt = spec.weight_type
-    if wt == "Q4_K_M":
-        is_head = name == "output.weight" or (spec.tied and name == "token_embd.weight")
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-        if is_head:
-            qtype = Q.Q6_K
-        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, spec.n_layers):
-            qtype = Q.Q6_K
-        else:
-            qtype = Q.Q4_K
-    else:
-        qtype = Q[wt]
+    wt = WEIGHT_TYPE_INFO[spec.weight_type]
+    qtype = _mixed_type(spec, wt, name) if wt.mixed else wt.base
     if qtype in K_FALLBACK and n_cols % 256:
         qtype = K_FALLBACK[qtype]
     block = GGML_QUANT_SIZES[qtype][0]
     if n_cols % block:
         raise ValueError(f"{name}: row length {n_cols} is not a multiple of {qtype.name}'s block of {block}")
     return qtype
-
-
-# --- K-quant encoders (gguf-py only decodes these) ----------------------------------------------
-# Plain min/max rounding, not llama.cpp's error-minimising search: the bytes
-# are valid blocks that gguf and llama.cpp decode identically; quality is moot
-# for random weights.
-
-
-def _f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    h = x.astype(np.float16)
-    return h, h.astype(np.float32)
-
-
-def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.divide(a, b, out=np.zeros(np.broadcast(a, b).shape, np.float32), where=b > 0)
-
-
-def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """Eight 6-bit scales and mins -> the 12-byte field of Q4_K / Q5_K."""
-    out = np.empty((sc.shape[0], 12), np.uint8)
-    out[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
-    out[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
-    out[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((mn[:, 4:8] & 0x0F) << 4)
-    return out
-
-
-def _affine_k(blocks: np.ndarray, levels: int):
-    """Shared Q4_K / Q5_K step: per 32-value sub-block, q = round((x + min) / scale)."""
-    x = blocks.reshape(-1, 8, 32)
-    lo = np.minimum(x.min(axis=-1), 0.0)
-    sub_scale = (x.max(axis=-1) - lo) / levels
-    sub_min = -lo
-    d16, d = _f16(sub_scale.max(axis=-1) / 63)
-    m16, dm = _f16(sub_min.max(axis=-1) / 63)
-    sc = np.clip(np.rint(_safe_div(sub_scale, d[:, None])), 0, 63).astype(np.uint8)
-    mn = np.clip(np.rint(_safe_div(sub_min, dm[:, None])), 0, 63).astype(np.uint8)
-    step = d[:, None] * sc
-    offset = dm[:, None] * mn
-    q = np.clip(np.rint(_safe_div(x + offset[..., None], step[..., None])), 0, levels).astype(np.uint8)
-    head = np.concatenate([d16.view(np.uint8).reshape(-1, 2), m16.view(np.uint8).reshape(-1, 2),
-                           _pack_k_scales(sc, mn)], axis=1)
-    return head, q  # q: [n, 8, 32]
-
-
-def _nibbles(q: np.ndarray) -> np.ndarray:
-    """Sub-blocks 2c and 2c+1 share 32 bytes: low and high nibble."""
-    return ((q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)).reshape(q.shape[0], -1)
-
-
-def encode_q4_k(blocks: np.ndarray) -> np.ndarray:
-    head, q = _affine_k(blocks, 15)
-    return np.concatenate([head, _nibbles(q)], axis=1)
-
-
-def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
-    head, q = _affine_k(blocks, 31)
-    bits = ((q >> 4) & 1).astype(np.uint8)  # [n, 8, 32]: bit j of byte i is sub-block j's value i
-    qh = np.zeros((q.shape[0], 32), np.uint8)
-    for j in range(8):
-        qh |= bits[:, j, :] << j
-    return np.concatenate([head, qh, _nibbles(q)], axis=1)
-
-
-def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
-    n = blocks.shape[0]
-    x = blocks.reshape(n, 16, 16)
-    sub_scale = np.abs(x).max(axis=-1) / 31
-    d16, d = _f16(sub_scale.max(axis=-1) / 127)
-    sc = np.clip(np.rint(_safe_div(sub_scale, d[:, None])), -128, 127).astype(np.int8)
-    step = d[:, None] * sc.astype(np.float32)
-    q = (np.clip(np.rint(_safe_div(x, step[..., None])), -32, 31) + 32).astype(np.uint8).reshape(n, 256)
-    # Value e sits in ql byte (e//128)*64 + e%64 (nibble (e%128)//64) and in
-    # qh byte (e//128)*32 + e%32 (bit pair (e%128)//32).
-    lo = (q & 0x0F).reshape(n, 2, 2, 64)
-    ql = (lo[:, :, 0, :] | (lo[:, :, 1, :] << 4)).reshape(n, 128)
-    hi = (q >> 4).reshape(n, 2, 4, 32)
-    qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(n, 64)
-    return np.concatenate([ql, qh, sc.view(np.uint8), d16.view(np.uint8).reshape(-1, 2)], axis=1)
-
-
-K_ENCODERS = {Q.Q4_K: encode_q4_k, Q.Q5_K: encode_q5_k, Q.Q6_K: encode_q6_k}
-
-
-def encode(values: np.ndarray, qtype: Q) -> np.ndarray:
-    """float32 rows -> the tensor's GGUF payload (float array or uint8 blocks per row)."""
-    if qtype in K_ENCODERS:
-        block = GGML_QUANT_SIZES[qtype][0]
-        rows = values.shape[0]
-        return K_ENCODERS[qtype](values.reshape(-1, block).astype(np.float32)).reshape(rows, -1)
-    return quantize(values, qtype)
 
 
 # --- tensors -----------------------------------------------------------------------------------
@@ -530,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infr.synth", description="Write a random-weight GGUF model.")
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--type", default=None, choices=WEIGHT_TYPES, help="matrix weight type (default: preset's)")
+    ap.add_argument("--type", default=None, choices=WEIGHT_TYPES,
+                    help="a llama-quantize file type (with its per-tensor mix), NAME-pure, Q4_K or Q5_K "
+                         "(default: the preset's, F32)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     spec = PRESETS[args.preset]

@@ -1,7 +1,14 @@
 """Side by side on one machine: infr's GPU backend and llama.cpp's llama-server
-on the same synthetic GGUFs (real shapes, random Q4_K blocks).
+on the same synthetic GGUFs (real shapes, random weights in llama-quantize's mixes).
 
-    source .gpu/setup.sh && python3 perf/compare_llama_server.py llama-3.2-1b:Q4_K llama-3.1-8b:Q4_K
+    source .gpu/setup.sh && python3 perf/compare_llama_server.py llama-3.2-1b llama-3.1-8b
+    python3 perf/compare_llama_server.py llama-3.1-8b:Q6_K llama-3.1-8b:Q8_0 llama-3.1-8b:IQ4_XS
+
+Each argument is PRESET[:TYPE] (infr.bench's synth names); TYPE is a
+llama-quantize file type with its per-tensor mix, Q4_K_M when left out (Q5_K_M,
+Q6_K, Q8_0, Q4_0, IQ4_XS, ...; NAME-pure for one type everywhere). No
+arguments: llama-3.2-1b and llama-3.1-8b at Q4_K_M. Every name is checked
+before the first model is written.
 
 For each model, both engines run the same tests (infr.bench semantics, a
 warm-up dropped, 3 repetitions): pp512, tg128, then tg64 and pp4 after 4096
@@ -26,8 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infr import bench, llamacpp
+from infr import bench, llamacpp, synth
 from infr.compare import workloads
+from infr.gguf_file import open_gguf
 
 REPS = int(os.environ.get("COMPARE_REPS", "3"))
 PP = int(os.environ.get("COMPARE_PP", "512"))  # smaller only for a local smoke run
@@ -37,6 +45,25 @@ DEPTH_PP = int(os.environ.get("COMPARE_DEPTH_PP", "4"))
 DEPTH_TG = int(os.environ.get("COMPARE_DEPTH_TG", "64"))
 TESTS = workloads(PP, TG, DEPTH, DEPTH_PP, DEPTH_TG)
 N_CTX = max(t.n_ctx for t in TESTS) + 16
+DEFAULT_MODELS = ["llama-3.2-1b", "llama-3.1-8b"]
+
+
+def check_ref(ref: str) -> str | None:
+    """Why PRESET[:TYPE] names no synth model, or None (nothing is written)."""
+    name, _, wtype = ref.partition(":")
+    try:
+        synth.preset(bench.SYNTH_ALIASES.get(name, name), weight_type=wtype or synth.DEFAULT_MIX).validate()
+    except (KeyError, ValueError) as e:
+        return f"{ref}: {e.args[0]}"
+    return None
+
+
+def tensor_types(path: Path) -> dict:
+    """How many tensors of each type the file holds: the mix that was measured."""
+    counts: dict[str, int] = {}
+    for t in open_gguf(path).tensors.values():
+        counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def gpu_diagnostics(be) -> dict:
@@ -75,10 +102,11 @@ def gpu_diagnostics(be) -> dict:
 
 
 def infr_side(path: Path) -> dict:
-    gf, plan, be, backend, load_s = bench.load_backend(path, "gpu", N_CTX)
-    out = {"backend": backend, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
+    model, load_s = bench.load_model(path, "gpu", N_CTX)
+    gf, be = model.gguf, model.backend
+    out = {"backend": model.backend_name, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
     for test in TESTS:
-        out[test.name] = bench.stats(test, bench.time_test(be, plan.spec.n_vocab, test, REPS))
+        out[test.name] = bench.stats(test, bench.time_test(model, test, REPS))
     try:
         out.update(gpu_diagnostics(be))
     except Exception as e:  # diagnostics lean on backend internals: keep the timings regardless
@@ -101,6 +129,10 @@ def llama_side(path: Path) -> dict:
 
 
 def main() -> None:
+    refs = sys.argv[1:] or DEFAULT_MODELS
+    errors = [e for e in map(check_ref, refs) if e]
+    if errors:
+        sys.exit("compare_llama_server: " + "; ".join(errors))
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent)
     results = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -109,10 +141,10 @@ def main() -> None:
         "tests": [t.name for t in TESTS],
         "models": {},
     }
-    for ref in sys.argv[1:]:
+    for ref in refs:
         t0 = time.perf_counter()
         path = bench.model_path("synth:" + ref)
-        entry = {"file": path.name, "synth_seconds": time.perf_counter() - t0}
+        entry = {"file": path.name, "synth_seconds": time.perf_counter() - t0, "tensor_types": tensor_types(path)}
         # COMPARE_GEMV="2,2;1,1" also measures GEMV tunings (INFR_GEMV_R, INFR_GEMV_U); the first is "infr".
         for i, tuning in enumerate(os.environ.get("COMPARE_GEMV", "").split(";")):
             if tuning:

@@ -1,19 +1,28 @@
-"""The Q4_K int8 GEMM (wgsl/gemm_q4_k.wgsl, "mmq") against the batched GEMV on Llama-3.1-8B prefill shapes.
+"""The int8 GEMM (wgsl/gemm_mmq.wgsl, "mmq") per weight type and tile on Llama-3.1-8B prefill shapes.
 
-    source .gpu/setup.sh && python3 perf/mmq_bench.py --out perf/h200/mmq-bench.json        # T = 512
-    python3 perf/mmq_bench.py --sweep "64,64,4,4,8 128,32,4,4,4 64,32,4,2,8" --out mmq.json
-    python3 perf/mmq_bench.py --scale 16 --T 70 --out /tmp/mmq.json                           # lavapipe smoke run
+    source .gpu/setup.sh && python3 perf/mmq_bench.py --types all --sweep default --out perf/h200/mmq-sweep.json
+    python3 perf/mmq_bench.py --types Q4_K,Q6_K --sweep "128,64,4,8 128,64,4,8,2,1" --gemv --out mmq.json
+    python3 perf/mmq_bench.py --types Q4_K,Q6_K --scale 16 --T 70 --out /tmp/mmq.json     # lavapipe smoke run
 
 Shapes (N x K): q/o 4096x4096, gate||up 14336x4096 (the fused pair: two
 matrices, act(gate) * up), down 4096x14336 (with the fused residual add) and
-q|k|v 6144x4096 (4096 + 1024 + 1024 rows stacked, one dispatch). --scale s
-divides N and K by s (K kept whole 256-value blocks). Both kernels read the
-same rounded activations (one quantize, not timed) and random valid Q4_K
-blocks; each measurement encodes --reps products in one pass, rotating over
-copies of the weights (> 200 MB in all) so L2 does not hold them, timed from
-the host (timing.seconds_per_rep): ms per product and TFLOP/s (2 T N K per
-matrix). --sweep "BN,BT,RM,RT,SUB[,PREFETCH] ..." times each tile setting (SUB 0: the
-largest that fits), the default being kernels_mmq.MmqTuning (INFR_MMQ_*).
+q|k|v 6144x4096 (4096 + 1024 + 1024 rows stacked, one dispatch); --shapes
+picks some (qo,gateup,down,qkv). --scale s divides N and K by s (K kept
+whole 256-value groups). Every (type, tile, shape) is timed: the kernel
+reads random rounded activations (no quantize dispatch) and random valid
+blocks, built once per type and shape; each measurement encodes --reps
+products in one pass, rotating over copies of the weights (> 128 MB in all,
+twice the H200's L2), timed from the host (timing.seconds_per_rep). The
+rate is TOPS: int8 multiply-adds x 2 per second (2 T N K per matrix).
+
+--sweep: "auto" (default: the tile kernels_mmq.MmqTuning picks for each
+shape), "default" (SWEEP, below: the tiles worth trying on an H200), or a
+list "BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..." (kernels_mmq.MmqTile;
+SUB 0: the largest that fits). Tiles that do not fit the device are
+reported and skipped. --max-seconds (default 220) stops the sweep there and
+lists what was left: the whole default sweep of every type is sized to end
+inside 4 minutes on the H200. The JSON (--out) holds every measurement and,
+per type, each tile's TOPS per shape and the tile with the least total time.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,105 +49,233 @@ from infr.gpu import kernels_q8 as KQ
 from infr.gpu.device import get_device
 from infr.gpu.runtime import Kernels, storage
 
-SHAPES = [  # (label, N, K, kind, stacked row counts)
-    ("8B q/o", 4096, 4096, "plain", None),
-    ("8B gate+up", 14336, 4096, "pair", None),
-    ("8B down", 4096, 14336, "resid", None),
-    ("8B qkv", 6144, 4096, "stacked", (4096, 1024, 1024)),
+SHAPES = [  # (key, label, N, K, kind, stacked row counts)
+    ("qo", "8B q/o", 4096, 4096, "plain", None),
+    ("gateup", "8B gate+up", 14336, 4096, "pair", None),
+    ("down", "8B down", 4096, 14336, "resid", None),
+    ("qkv", "8B qkv", 6144, 4096, "stacked", (4096, 1024, 1024)),
 ]
+
+# The tiles a full H200 sweep tries (each fits 48 KB of workgroup memory): 256 invocations with
+# 32 sums each in both orientations, smaller and larger tiles, SUB 2 / 4 / 8, both double-buffered
+# modes, and the default tile without wgpu's runtime checks.
+SWEEP = "128,64,4,8 128,64,8,4 64,128,4,8 64,64,4,4 128,128,8,8,2 128,64,4,8,2,1 128,64,4,8,2,2 64,64,4,4,4,1 128,64,4,8,0,0,1"
 
 
 class _Tensor:
-    def __init__(self, N: int, K: int, raw: np.ndarray, name: str):
-        self.qtype, self.shape, self.raw, self.name = Q.Q4_K, (N, K), raw, name
+    def __init__(self, q: Q, N: int, K: int, raw: np.ndarray, name: str):
+        self.qtype, self.shape, self.raw, self.name = q, (N, K), raw, name
 
 
 def _scaled(n: int, s: int, block: int) -> int:
     return max(block, n // s // block * block)
 
 
-def build(dev, kern, label, N, K, kind, parts, T, tuning, copies, rng):
-    """(mmq dispatch groups, GEMV dispatch groups, f32 GEMM dispatch groups, output buffer)."""
-    # Rounded activations: random q bytes, each 32-value block's (d, d * sum q) small floats.
-    words = np.zeros((T, KQ.words(K)), np.uint32)
-    words[:, : K // 4] = rng.integers(0, 1 << 32, (T, K // 4), dtype=np.uint64).astype(np.uint32)
-    words[:, K // 4 :] = np.full((T, K // 16), 0.01, np.float32).view(np.uint32)
-    xq = storage(dev, words)
-    x = storage(dev, rng.standard_normal((T, K), dtype=np.float32))  # the f32 GEMM's input
-    y = storage(dev, 4 * T * N)
-    mmq, gemv, gemm = [], [], []
-    for _ in range(copies):
-        if kind == "stacked":
-            ts = [_Tensor(n, K, random_rows(rng, Q.Q4_K, n, K), f"{label}{i}") for i, n in enumerate(parts)]
-            chunks = KM.upload_stacked(dev, ts, label=label)
-            ys = [storage(dev, 4 * T * n) for n in parts]
-            mmq.append(KMQ.stacked_dispatches(kern, ts, chunks, xq, ys, None, T, tuning=tuning))
-            gemv.append(KM.stacked_dispatches(kern, ts, chunks, xq, ys, None, T, xq=xq))
-            gemm.append(KG.stacked_gemm_dispatches(kern, ts, chunks, x, ys, None, T))
-        elif kind == "pair":
-            tg = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), "gate")
-            tu = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), "up")
-            cg, cu = KM.upload_weight(dev, tg), KM.upload_weight(dev, tu)
-            mmq.append(KMQ.gate_up_dispatches(kern, tg, tu, cg, cu, xq, y, "silu", T, tuning=tuning))
-            gemv.append(KM.gate_up_dispatches(kern, tg, tu, cg, cu, xq, y, "silu", T, xq=xq))
-            # the f32 GEMM has no fused pair: gate and up products only (no activation dispatch)
-            gemm.append(KG.gemm_dispatches(kern, tg, cg, x, y, None, T) + KG.gemm_dispatches(kern, tu, cu, x, y, None, T))
-        else:
-            t = _Tensor(N, K, random_rows(rng, Q.Q4_K, N, K), label)
-            chunks = KM.upload_weight(dev, t)
-            resid = storage(dev, 4 * T * N) if kind == "resid" else None
-            mmq.append(KMQ.mmq_dispatches(kern, t, chunks, xq, y, None, T, resid=resid, tuning=tuning))
-            gemv.append(KM.matmul_dispatches(kern, t, chunks, xq, y, None, T, resid=resid, xq=xq))
-            gemm.append(KG.gemm_dispatches(kern, t, chunks, x, y, None, T, resid=resid))
-    return mmq, gemv, gemm, y
+class Case:
+    """One type on one shape: weights (copies), rounded activations and outputs on the device."""
+
+    def __init__(self, dev, q: Q, key, label, N, K, kind, parts, T, copies, rng):
+        self.q, self.key, self.label, self.N, self.K, self.kind, self.parts, self.T = q, key, label, N, K, kind, parts, T
+        # Rounded activations: random q bytes, each 32-value block's (d, d * sum q) small floats.
+        words = np.zeros((T, KQ.words(K)), np.uint32)
+        words[:, : K // 4] = rng.integers(0, 1 << 32, (T, K // 4), dtype=np.uint64).astype(np.uint32)
+        words[:, K // 4 :] = np.full((T, K // 16), 0.01, np.float32).view(np.uint32)
+        self.xq = storage(dev, words)
+        self.y = storage(dev, 4 * T * N)
+        self.resid = storage(dev, 4 * T * N) if kind == "resid" else None
+        self.ys = [storage(dev, 4 * T * n) for n in parts] if parts else None
+        self.weights = []  # per copy: (tensors, chunks)
+        for _ in range(copies):
+            if kind == "stacked":
+                ts = [_Tensor(q, n, K, random_rows(rng, q, n, K), f"{label}{i}") for i, n in enumerate(parts)]
+                self.weights.append((ts, [KM.upload_stacked(dev, ts, label=label)]))
+            elif kind == "pair":
+                ts = [_Tensor(q, N, K, random_rows(rng, q, N, K), n) for n in ("gate", "up")]
+                self.weights.append((ts, [KM.upload_weight(dev, t) for t in ts]))
+            else:
+                t = _Tensor(q, N, K, random_rows(rng, q, N, K), label)
+                self.weights.append(([t], [KM.upload_weight(dev, t)]))
+
+    @property
+    def ops(self) -> int:
+        return 2 * self.T * self.N * self.K * (2 if self.kind == "pair" else 1)
+
+    def mmq(self, kern, tile) -> list[list]:
+        out = []
+        for ts, cs in self.weights:
+            if self.kind == "stacked":
+                out.append(KMQ.stacked_dispatches(kern, ts, cs[0], self.xq, self.ys, None, self.T, tile=tile))
+            elif self.kind == "pair":
+                out.append(KMQ.gate_up_dispatches(kern, ts[0], ts[1], cs[0], cs[1], self.xq, self.y, "silu", self.T,
+                                                  tile=tile))
+            else:
+                out.append(KMQ.mmq_dispatches(kern, ts[0], cs[0], self.xq, self.y, None, self.T, resid=self.resid,
+                                              tile=tile))
+        return out
+
+    def gemv(self, kern) -> list[list] | None:
+        """The batched GEMV (the kernels a batch runs without mmq); a pair as two
+        plain GEMVs where the type has no fused one; None for a stack it cannot run."""
+        x = storage(kern.dev, np.full((self.T, self.K), 0.01, np.float32))
+        out = []
+        for ts, cs in self.weights:
+            if self.kind == "pair" and KM.can_fuse_gate_up(ts[0], ts[1], cs[0], cs[1]):
+                ds = KM.gate_up_dispatches(kern, ts[0], ts[1], cs[0], cs[1], x, self.y, "silu", self.T, xq=self.xq)
+            elif self.kind == "stacked":
+                if not KM.can_stack(ts, kern.dev.max_binding):
+                    return None
+                ds = KM.stacked_dispatches(kern, ts, cs[0], x, self.ys, None, self.T, xq=self.xq)
+            else:
+                ds = [d for t, c in zip(ts, cs)
+                      for d in KM.matmul_dispatches(kern, t, c, x, self.y, None, self.T, resid=self.resid, xq=self.xq)]
+            out.append(ds)
+        return out
+
+    def gemm(self, kern) -> list[list]:
+        """The f32 GEMM (kernels_gemm: the batch kernel of CPU adapters without mmq)."""
+        x = storage(kern.dev, np.full((self.T, self.K), 0.01, np.float32))
+        out = []
+        for ts, cs in self.weights:
+            if self.kind == "stacked":
+                out.append(KG.stacked_gemm_dispatches(kern, ts, cs[0], x, self.ys, None, self.T))
+            else:
+                out.append([d for t, c in zip(ts, cs) for d in
+                            KG.gemm_dispatches(kern, t, c, x, self.y, None, self.T, resid=self.resid)])
+        return out
+
+
+def _types(spec: str) -> list[Q]:
+    if spec == "all":
+        return list(KMQ.READERS)
+    qs = [Q[s.strip().upper()] for s in spec.split(",")]
+    bad = [q.name for q in qs if q not in KMQ.READERS]
+    if bad:
+        raise SystemExit(f"no mmq reader for {', '.join(bad)}; readers: {', '.join(q.name for q in KMQ.READERS)}")
+    return qs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default="Q4_K", help='comma list of weight types, or "all" (every mmq reader)')
+    ap.add_argument("--sweep", default="auto", help='"auto", "default" (SWEEP) or "BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."')
+    ap.add_argument("--shapes", default="qo,gateup,down,qkv", help="which 8B shapes (qo, gateup, down, qkv)")
     ap.add_argument("--T", type=int, default=512, help="tokens per batch")
     ap.add_argument("--scale", type=int, default=1, help="divide N and K by this (a small run on lavapipe)")
-    ap.add_argument("--reps", type=int, default=0, help="products per timed pass (default 20, 2 when scaled)")
-    ap.add_argument("--sweep", default="", help='tile settings "BN,BT,RM,RT,SUB[,PREFETCH] ..." (default: MmqTuning)')
-    ap.add_argument("--no-gemv", action="store_true", help="time the new kernel only")
+    ap.add_argument("--reps", type=int, default=0, help="products per timed pass (default 10; 2 when scaled)")
+    ap.add_argument("--best-of", type=int, default=0, help="timed passes per measurement (default 2; 1 when scaled)")
+    ap.add_argument("--max-seconds", type=float, default=220.0, help="stop the sweep after this long (partial JSON)")
+    ap.add_argument("--gemv", action="store_true", help="also time the batched GEMV once per type and shape")
     ap.add_argument("--gemm", action="store_true", help="also time the f32 GEMM (kernels_gemm: lavapipe's batch kernel)")
     ap.add_argument("--out", required=True, help="where the JSON goes")
     args = ap.parse_args()
+    t_start = time.perf_counter()
     dev = get_device()
     kern = Kernels(dev)
-    reps = args.reps or (2 if args.scale > 1 else 20)
-    tunings = [KMQ.MmqTuning(*map(int, s.split(","))).resolved(dev) for s in args.sweep.split()] or [
-        KMQ.MmqTuning.for_device(dev)]
+    small = args.scale > 1
+    reps = args.reps or (2 if small else 10)
+    best_of = args.best_of or (1 if small else 2)
+    sweep = SWEEP if args.sweep == "default" else args.sweep
+    tiles = None if sweep == "auto" else [KMQ.MmqTile.parse(s) for s in sweep.split()]
+    types = _types(args.types)
+    keys = args.shapes.split(",")
     out = {"adapter": dev.name, "date": dt.date.today().isoformat(), "command": " ".join(sys.argv), "T": args.T,
-           "scale": args.scale, "reps": reps, "results": []}
+           "scale": args.scale, "reps": reps, "best_of": best_of, "results": [], "skipped": [], "summary": {}}
     rng = np.random.default_rng(0)
-    for label, N, K, kind, parts in SHAPES:
-        if args.scale > 1:
-            N, K = _scaled(N, args.scale, 64), _scaled(K, args.scale, 256)
-            parts = parts and tuple(_scaled(n, args.scale, 16) for n in parts)
-            N = sum(parts) if parts else N
-        nbytes = N * KM.row_bytes(Q.Q4_K, K) * (2 if kind == "pair" else 1)
-        copies = 1 if args.scale > 1 else max(1, min(4, -(-200_000_000 // nbytes)))
-        flops = 2 * args.T * N * K * (2 if kind == "pair" else 1)
-        gemv_ms = gemm_ms = None
-        for i, tun in enumerate(tunings):
-            mmq, gemv, gemm, y = build(dev, kern, label, N, K, kind, parts, args.T, tun, copies, rng)
-            sec = seconds_per_rep(dev, mmq, reps, y, best_of=1 if args.scale > 1 else 3)
-            if i == 0 and not args.no_gemv:
-                gemv_ms = seconds_per_rep(dev, gemv, reps, y, best_of=1 if args.scale > 1 else 3) * 1e3
-            if i == 0 and args.gemm:
-                gemm_ms = seconds_per_rep(dev, gemm, reps, y, best_of=1 if args.scale > 1 else 3) * 1e3
-            r = {"shape": label, "N": N, "K": K, "T": args.T, "kind": kind,
-                 "tuning": {"BN": tun.BN, "BT": tun.BT, "RM": tun.RM, "RT": tun.RT, "SUB": tun.SUB, "PREFETCH": tun.PREFETCH},
-                 "mmq_ms": sec * 1e3, "mmq_tflops": flops / sec / 1e12,
-                 "gemv_ms": gemv_ms, "gemv_tflops": flops / (gemv_ms / 1e3) / 1e12 if gemv_ms else None,
-                 "gemm_f32_ms": gemm_ms}
-            out["results"].append(r)
-            g = f"  gemv {gemv_ms:.3f} ms {r['gemv_tflops']:.3g} TFLOP/s" if gemv_ms else ""
-            g += f"  f32 gemm {gemm_ms:.3f} ms" if gemm_ms else ""
-            print(f"{label:11} {N}x{K} T={args.T} {kind:7} mmq {tun.BN}x{tun.BT}/{tun.RM}x{tun.RT}/{tun.SUB}{'p' if tun.PREFETCH else ''}: "
-                  f"{r['mmq_ms']:.3f} ms {r['mmq_tflops']:.3g} TFLOP/s{g}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+
+    def save() -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+    timed_out = False
+    for q in types:
+        if time.perf_counter() - t_start > args.max_seconds:
+            timed_out = True
+            out["skipped"].append({"type": q.name, "shape": "all", "tile": "all"})
+            continue
+        cases = []
+        for key, label, N, K, kind, parts in SHAPES:
+            if key not in keys:
+                continue
+            if small:
+                N, K = _scaled(N, args.scale, 64), _scaled(K, args.scale, 256)
+                parts = parts and tuple(_scaled(n, args.scale, 16) for n in parts)
+                N = sum(parts) if parts else N
+            nbytes = N * KM.row_bytes(q, K) * (2 if kind == "pair" else 1)
+            copies = 1 if small else max(1, min(4, -(-128_000_000 // nbytes)))
+            cases.append(Case(dev, q, key, label, N, K, kind, parts, args.T, copies, rng))
+        for case in cases:
+            for what, on in (("gemv", args.gemv), ("gemm", args.gemm)):
+                groups = getattr(case, what)(kern) if on else None
+                if groups is not None:
+                    sec = seconds_per_rep(dev, groups, reps, case.y, best_of=best_of)
+                    r = {"type": q.name, "shape": case.label, "N": case.N, "K": case.K, "T": args.T,
+                         "kind": case.kind, "kernel": what, "ms": sec * 1e3, "tops": case.ops / sec / 1e12}
+                    out["results"].append(r)
+                    print(f"{q.name:6} {case.label:11} {case.N}x{case.K} {what}: {r['ms']:.3f} ms "
+                          f"{r['tops']:.3g} TOPS", flush=True)
+        for tile in tiles or [None]:
+            for case in cases:
+                if time.perf_counter() - t_start > args.max_seconds:
+                    timed_out = True
+                    out["skipped"].append({"type": q.name, "shape": case.label, "tile": tile.spec if tile else "auto"})
+                    continue
+                pair = case.kind == "pair"
+                try:
+                    t = (tile.resolved(dev, KMQ.READERS[q]) if tile else
+                         KMQ.device_tuning(dev).tile_for(dev, q, case.N, args.T, pair))
+                except ValueError as e:
+                    if case is cases[0]:
+                        print(f"{q.name:6} tile {tile.spec}: skipped (does not fit this device)", flush=True)
+                    out["skipped"].append({"type": q.name, "shape": case.label, "tile": tile.spec, "why": str(e)})
+                    continue
+                sec = seconds_per_rep(dev, case.mmq(kern, t), reps, case.y, best_of=best_of)
+                r = {"type": q.name, "shape": case.label, "N": case.N, "K": case.K, "T": args.T, "kind": case.kind,
+                     "kernel": "mmq", "tile": t.spec, "asked": tile.spec if tile else "auto",
+                     "ms": sec * 1e3, "tops": case.ops / sec / 1e12}
+                out["results"].append(r)
+                print(f"{q.name:6} {case.label:11} {case.N}x{case.K} T={args.T} mmq {t.spec:18}: {r['ms']:.3f} ms "
+                      f"{r['tops']:.3g} TOPS", flush=True)
+        out["summary"][q.name] = _summary([r for r in out["results"] if r["type"] == q.name and r["kernel"] == "mmq"],
+                                          len(cases))
+        best = out["summary"][q.name].get("best")
+        if best:
+            print(f"{q.name:6} best tile {best['tile']}: {best['ms']:.3f} ms over the shapes, "
+                  f"{best['tops']:.3g} TOPS", flush=True)
+        save()
+        del cases  # frees the type's weights before the next type's
+    if timed_out:
+        print(f"stopped at --max-seconds {args.max_seconds:g}: {len(out['skipped'])} measurements skipped", flush=True)
+    out["seconds"] = time.perf_counter() - t_start
+    save()
+    _table(out["summary"], [c[1] for c in SHAPES if c[0] in keys])
+
+
+def _table(summary: dict, labels: list[str]) -> None:
+    """TOPS per type, tile and shape, the best tile of each type marked *."""
+    print(f"\n{'type':6} {'tile':18} " + " ".join(f"{lb[3:]:>8}" for lb in labels) + "    all")
+    for name, sm in summary.items():
+        best = (sm.get("best") or {}).get("tile")
+        for t in sm["tiles"]:
+            cells = " ".join(f"{t['tops_by_shape'][lb]:8.3g}" if lb in t["tops_by_shape"] else f"{'-':>8}" for lb in labels)
+            print(f"{name:6} {t['tile']:18} {cells} {t['tops']:6.3g}{' *' if t['tile'] == best else ''}")
+
+
+def _summary(rows: list[dict], n_shapes: int) -> dict:
+    """Per asked tile: TOPS per shape, total ms and TOPS over the shapes; `best`: the tile with
+    the least total time among those measured on every shape."""
+    by_tile: dict[str, dict] = {}
+    for r in rows:
+        e = by_tile.setdefault(r["asked"], {"tile": r["asked"], "tops": {}, "ms": 0.0, "ops": 0, "shapes": 0})
+        e["tops"][r["shape"]] = r["tops"]
+        e["ms"] += r["ms"]
+        e["ops"] += r["tops"] * 1e12 * r["ms"] / 1e3
+        e["shapes"] += 1
+    tiles = []
+    for e in by_tile.values():
+        tiles.append({"tile": e["tile"], "tops_by_shape": e["tops"], "ms": e["ms"],
+                      "tops": e["ops"] / (e["ms"] / 1e3) / 1e12 if e["ms"] else 0.0, "complete": e["shapes"] == n_shapes})
+    complete = [t for t in tiles if t["complete"]]
+    return {"tiles": tiles, "best": min(complete, key=lambda t: t["ms"]) if complete else None}
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_json_has_llama_bench_keys_and_tests(synth_env, capsys):
     for r in results:
         check_record(r, size)
         assert r["model_filename"] == str(path)
-        assert r["model_type"].endswith(" all F32")
+        assert r["model_type"].endswith(" Q4_K - Medium")  # no :TYPE: llama.cpp's Q4_K_M mix
 
 
 def test_jsonl_and_csv_and_md(synth_env, capsys, tmp_path):
@@ -103,37 +103,21 @@ def test_md_is_default_and_lists_every_model(synth_env, capsys):
     assert [r.split("|")[1].split()[0] for r in rows] == ["llama", "qwen3"]
 
 
-class Recorder:
-    """A real backend whose forward/decode calls are logged."""
-
-    def __init__(self, be):
-        self.be, self.calls = be, []
-
-    def forward(self, tokens, start, n_logits=1):
-        self.calls.append((len(tokens), start))
-        return self.be.forward(tokens, start, n_logits)
-
-    def __getattr__(self, name):
-        return getattr(self.be, name)
-
-
-def test_depth_is_prefilled_before_the_timed_tokens(smollm2_path, monkeypatch, capsys):
-    import infr.backends
-
+def test_depth_is_prefilled_once_and_reused_by_the_timed_tokens(smollm2_path, monkeypatch, capsys):
+    """Each test runs through the engine: its depth once, untimed; every repetition (warm-up and
+    timed) takes the depth's KV blocks from the prefix cache and runs only its own tokens."""
     made = []
-    real = infr.backends.make_backend
-    monkeypatch.setattr(infr.backends, "make_backend", lambda *a: made.append(Recorder(real(*a))) or made[-1])
-    results = json.loads(run_main(capsys, "-m", str(smollm2_path), "-p", "8", "-n", "2", "-d", "16", "-r", "1",
+    real = bench.load_model
+    monkeypatch.setattr(bench, "load_model", lambda *a: made.append(real(*a)) or made[-1])
+    results = json.loads(run_main(capsys, "-m", str(smollm2_path), "-p", "8", "-n", "2", "-d", "32", "-r", "1",
                                   "--backend", "cpu", "-o", "json"))
-    assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in results] == [(8, 0, 16), (0, 2, 16)]
-    calls = made[0].calls
-    # pp8 @ d16: 16 depth tokens at 0, then warm-up and one timed run of 8 tokens after them
-    assert calls[:3] == [(16, 0), (8, 16), (8, 16)]
-    # tg2 @ d16: the depth again, then two greedy steps at positions 16, 17 (warm-up and timed)
-    assert calls[3:] == [(16, 0), (1, 16), (1, 17), (1, 16), (1, 17)]
-    k = made[0].be.k_cache[0]
-    assert np.abs(k[:24].astype(np.float32)).sum(axis=(1, 2)).min() > 0  # depth + test rows written
-    assert not k[24:].any()  # and nothing past them
+    assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in results] == [(8, 0, 32), (0, 2, 32)]
+    st = made[0].engine.stats
+    # pp8 @ d32: the depth (33 rows), then 8 + 8 rows; tg2 @ d32: the depth from the cache (1 row),
+    # then per repetition 1 row (its prompt) and 2 decode rows
+    assert st.prefix_hit_tokens == 32 * 5
+    assert st.prefill_rows + st.decode_rows == 33 + 8 + 8 + 1 + 2 * (1 + 2)
+    assert made[0].pool.used == 0
     assert all(r["model_type"] == "llama 135M Q4_1" for r in results)
 
 

@@ -117,3 +117,14 @@ def test_compare_says_when_llama_cpp_is_missing(smollm2_path, monkeypatch, tmp_p
 def test_workloads_default_to_the_four_shapes():
     assert [t.name for t in compare.workloads()] == ["pp512", "tg128", "tg64 @ d4096", "pp4 @ d4096"]
     assert [t.name for t in compare.workloads(512, 128, 0, 0, 64)] == ["pp512", "tg128", "tg64"]
+
+
+def test_perf_script_checks_every_name_first(tmp_path):
+    """A bad PRESET[:TYPE] anywhere stops the run before any model is written or any engine runs."""
+    env = {**os.environ, "OUT": str(tmp_path), "INFR_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "perf/compare_llama_server.py", "tiny-llama:Q6_K", "llama-8b:Q9_9", "nope"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode != 0
+    assert "llama-8b:Q9_9: unknown weight_type 'Q9_9'" in proc.stderr and "nope: unknown preset 'nope'" in proc.stderr
+    assert "tiny-llama:Q6_K" not in proc.stderr  # a good name is not reported
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "h200-compare.json").exists()

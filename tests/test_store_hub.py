@@ -273,7 +273,7 @@ def test_ls_and_rm(hub, models, tmp_path, smollm2_path):
         ["acme/split-GGUF", SPLIT[0], "Q8_0", "llama", "3.3M", f"{split_size:.1f}", "MB", "hf"],
         ["acme/tiny-GGUF", "tiny-Q4_K_M.gguf", "Q4_K_M", "llama", "3.3M", "5.2", "MB", "hf"],
         ["acme/tiny-GGUF", "tiny-Q8_0.gguf", "Q8_0", "llama", "3.3M", "5.2", "MB", "hf"],
-        ["acme/flat-GGUF", "flat-Q4_0.gguf", "Q4_0", "llama", "3.3M", "3.6", "MB", "llama.cpp"],
+        ["acme/flat-GGUF", "flat-Q4_0.gguf", "Q4_0", "llama", "3.3M", "5.2", "MB", "llama.cpp"],  # Q4_0 mix: Q8_0 head
         ["offline:smollm2-135m", smollm2_path.name, "Q4_1", "llama", "134.5M", "98.4", "MB", "offline"],
     ]
     rm = infr("rm", "acme/tiny-GGUF:Q8_0")

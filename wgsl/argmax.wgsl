@@ -1,8 +1,10 @@
 // Index of the largest of x[0..n) into out[0]; ties go to the lowest index,
 // as numpy's argmax. Two dispatches: `partial` with one workgroup per slice of
-// `per` values, dispatch (parts, 1, 1), writes each slice's (value, index) to
-// `best`; `merge` with one workgroup reduces the parts. One workgroup alone
-// walks a 128k vocabulary in ~180 µs on an H200; split, both take a few.
+// `per` values, dispatch (parts, rows, 1), writes each slice's (value, index) to
+// `best`; `merge` with one workgroup per row, dispatch (1, rows, 1), reduces the
+// parts. Row r (workgroup_id.y) is x[r n .. r n + n) into out[r] (a step's output
+// rows). One workgroup alone walks a 128k vocabulary in ~180 µs on an H200;
+// split, both take a few.
 
 struct Params {
     n: u32,
@@ -28,11 +30,12 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     _ = out[0];  // both entry points use every binding: one bind group layout serves both
     let lo = wid.x * params.per;
     let hi = min(params.n, lo + params.per);
+    let row = wid.y * params.n;
     var bv = -3.4028235e38;
     var bi = NONE;
     // Increasing index order within an invocation, so a strict > keeps its first maximum.
     for (var i = lo + tid; i < hi; i += WG) {
-        let v = x[i];
+        let v = x[row + i];
         if (v > bv || bi == NONE) {
             bv = v;
             bi = i;
@@ -42,17 +45,17 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        best[wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
+        best[wid.y * params.parts + wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
     }
 }
 
 @compute @workgroup_size(WG)
-fn merge(@builtin(local_invocation_index) tid: u32) {
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     _ = x[0];
     var bv = -3.4028235e38;
     var bi = NONE;
     for (var p = tid; p < params.parts; p += WG) {
-        let c = best[p];
+        let c = best[wid.y * params.parts + p];
         let v = bitcast<f32>(c.x);
         if (beats(v, c.y, bv, bi)) {
             bv = v;
@@ -63,6 +66,6 @@ fn merge(@builtin(local_invocation_index) tid: u32) {
     best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        out[0] = best_i[0];
+        out[wid.y] = best_i[0];
     }
 }

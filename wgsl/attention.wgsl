@@ -1,7 +1,9 @@
 // Causal attention of this batch's queries over the f16 KV cache.
-// One workgroup per (query head, token): dispatch (n_heads, T, 1). Query t sits
-// at position state[0] + t and sees keys [max(0, pos - window + 1), pos]
-// (window 0 = all): the reference masks q_pos - k_pos >= window.
+// One workgroup per (query head, batch row): dispatch (n_heads, T, 1). Row t
+// sits at position rows[2t] of its sequence (slot rows[2t + 1]) and sees that
+// sequence's keys [max(0, pos - window + 1), pos] (window 0 = all): the reference
+// masks q_pos - k_pos >= window. Keys are read at their cache rows through the
+// block table (paging.wgsl); a padding row (t >= state[1]) writes zeros.
 // GQA: query head h reads kv head h / (n_heads / kv_heads).
 //
 // Like the reference (and llama.cpp's non-flash path) q is rounded to f16, and
@@ -31,6 +33,10 @@ const MAX_D: u32 = 512u;            // head_dim and v_head_dim bound (the host c
 @group(0) @binding(3) var<storage, read> vcache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> state: array<u32>;
+@group(0) @binding(6) var<storage, read> rows: array<u32>;
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
+
+// #include paging
 
 var<workgroup> qs: array<vec4<f32>, MAX_D / 4u>;
 var<workgroup> red_m: array<f32, WG>;
@@ -38,10 +44,10 @@ var<workgroup> red_l: array<f32, WG>;
 var<workgroup> probs: array<f32, WG>;
 var<workgroup> red_v: array<vec4<f32>, WG>;
 
-// Scaled (and soft-capped) q . k for the key at position j of kv head kvh.
-fn score(j: u32, kvh: u32) -> f32 {
+// Scaled (and soft-capped) q . k for the key at cache row crow of kv head kvh.
+fn score(crow: u32, kvh: u32) -> f32 {
     let n8 = params.head_dim / 8u;
-    let base = (j * params.kv_heads + kvh) * n8;
+    let base = (crow * params.kv_heads + kvh) * n8;
     var s = vec4<f32>(0.0);
     for (var i = 0u; i < n8; i++) {
         let k = kcache[base + i];
@@ -56,25 +62,23 @@ fn score(j: u32, kvh: u32) -> f32 {
     return r;
 }
 
-// KV_MAX > 0: the graph also holds split-K attention, which takes batches
-// whose last token sees more than KV_MAX keys; this kernel then does nothing
-// (the choice is made per step from `state`, as the length is only known there).
+// KV_MAX > 0: the graph also holds split-K attention, which takes the rows that
+// see more than KV_MAX keys; this kernel does nothing for them (the choice is
+// made per row from `rows`, as the length is only known there).
 const KV_MAX: u32 = {{KV_MAX}}u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    if (KV_MAX > 0u && state[0] + state[1] > KV_MAX) {
-        return;
-    }
     let h = wid.x;
     let t = wid.y;
-    let kvh = h / (params.n_heads / params.kv_heads);
-    let pos = state[0] + t;
-    var lo = 0u;
-    if (params.window > 0u && pos + 1u > params.window) {
-        lo = pos + 1u - params.window;
+    let rk = row_keys(t);
+    if (KV_MAX > 0u && rk.hi > KV_MAX) {
+        return;
     }
-    let hi = pos + 1u;
+    let kvh = h / (params.n_heads / params.kv_heads);
+    let lo = rk.lo;
+    let hi = rk.hi;
+    let tb = rk.tb;
 
     let qbase = (t * params.n_heads + h) * params.head_dim;
     for (var d = tid; d < params.head_dim / 4u; d += WG) {
@@ -87,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = NEG_BIG;
     var l = 0.0;
     for (var j = lo + tid; j < hi; j += WG) {
-        let s = score(j, kvh);
+        let s = score(cache_row(tb, j), kvh);
         let m_new = max(m, s);
         l = l * exp(m - m_new) + exp(s - m_new);
         m = m_new;
@@ -118,23 +122,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let j = b + tid;
         var p = 0.0;
         if (j < hi) {
-            p = f16_round(exp(score(j, kvh) - m_all) / l_all);
+            p = f16_round(exp(score(cache_row(tb, j), kvh) - m_all) / l_all);
         }
         probs[tid] = p;
         workgroupBarrier();
         if (grp < groups) {
             let n = min(WG, hi - b);
-            var jj = grp;
-            // Two keys per step: both loads issue before either is used.
-            for (; jj + groups < n; jj += 2u * groups) {
-                let v0 = vcache[((b + jj) * params.kv_heads + kvh) * lanes + lane];
-                let v1 = vcache[((b + jj + groups) * params.kv_heads + kvh) * lanes + lane];
-                acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
-                acc += probs[jj + groups] * vec4<f32>(halves(v1.x), halves(v1.y));
-            }
-            if (jj < n) {
-                let v0 = vcache[((b + jj) * params.kv_heads + kvh) * lanes + lane];
-                acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
+            // Runs of the tile's keys within one block: consecutive cache rows from `off`.
+            for (var r = 0u; r < n;) {
+                let r_end = block_end(b + r, b + n) - b;
+                let off = cache_row(tb, b + r) - r;  // key jj's row is off + jj (u32 wraps back)
+                var jj = r + grp;
+                // Two keys per step: both loads issue before either is used.
+                for (; jj + groups < r_end; jj += 2u * groups) {
+                    let v0 = vcache[((off + jj) * params.kv_heads + kvh) * lanes + lane];
+                    let v1 = vcache[((off + jj + groups) * params.kv_heads + kvh) * lanes + lane];
+                    acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
+                    acc += probs[jj + groups] * vec4<f32>(halves(v1.x), halves(v1.y));
+                }
+                if (jj < r_end) {
+                    let v0 = vcache[((off + jj) * params.kv_heads + kvh) * lanes + lane];
+                    acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
+                }
+                r = r_end;
             }
         }
         workgroupBarrier();

@@ -1,8 +1,10 @@
 // Shared by the split-K decode kernels (attn_scores, attn_values, attn_combine)
 // and the tiled prefill kernel (attn_tiled). One Params struct for all of them
-// (infr/gpu/kernels_attention.py pack_attn). Query t of the batch sits at
-// position state[0] + t and sees keys [key_lo(pos), pos] (the reference masks
-// q_pos - k_pos >= window; window 0 = none).
+// (infr/gpu/kernels_misc.py pack_attention). Row t of the batch is live when
+// t < state[1]; it sits at position rows[2t] of sequence slot rows[2t + 1] and
+// sees that sequence's keys [key_lo(pos), pos] (the reference masks
+// q_pos - k_pos >= window; window 0 = none). A padding row sees no keys and its
+// output is written as zeros. Every including kernel declares `state` and `rows`.
 
 struct Params {
     n_heads: u32,
@@ -14,6 +16,7 @@ struct Params {
     softcap: f32,    // 0 = none
     n_ctx: u32,      // row stride of the split-K scores scratch
     max_chunks: u32, // row stride of the split-K stats / partial outputs
+    blocks_per_seq: u32,  // block table entries per sequence slot (paging.wgsl)
 }
 
 const NEG_BIG: f32 = -3.0e38;  // finite "minus infinity": no inf - inf anywhere
@@ -52,23 +55,35 @@ fn merge_ml(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
 }
 
+// The keys batch row t sees, [lo, hi) of its sequence (none for a padding row),
+// and where that sequence's block table starts (tb = slot * blocks_per_seq).
+struct RowKeys {
+    lo: u32,
+    hi: u32,
+    tb: u32,
+}
+
+fn row_keys(t: u32) -> RowKeys {
+    if (t >= state[1]) {
+        return RowKeys(0u, 0u, 0u);
+    }
+    let pos = rows[2u * t];
+    return RowKeys(key_lo(pos, params.window), pos + 1u, rows[2u * t + 1u] * params.blocks_per_seq);
+}
+
 // What split-K workgroup `wid` of attn_scores / attn_values works on (the
 // including kernel declares `params`): query heads h0 .. h0 + hg of kv head
-// kvh for batch token wid.z at position start + wid.z, its keys [lo, hi), and
-// chunks of c keys this workgroup takes from c_start (the first the query sees + wid.x) to
-// c_last; nothing to do when c_start > c_last.
+// kvh for batch row wid.z, whose keys are rk, and chunks of c keys this
+// workgroup takes from c_start (the first the query sees + wid.x) to c_last;
+// nothing to do when c_start > c_last. Call with a live row (rk.hi > 0).
 struct SplitWork {
     h0: u32,
     kvh: u32,
-    lo: u32,
-    hi: u32,
     c_start: u32,
     c_last: u32,
 }
 
-fn split_work(wid: vec3<u32>, start: u32, hg: u32, c: u32) -> SplitWork {
+fn split_work(wid: vec3<u32>, rk: RowKeys, hg: u32, c: u32) -> SplitWork {
     let h0 = wid.y * hg;
-    let pos = start + wid.z;
-    let lo = key_lo(pos, params.window);
-    return SplitWork(h0, h0 / (params.n_heads / params.kv_heads), lo, pos + 1u, lo / c + wid.x, pos / c);
+    return SplitWork(h0, h0 / (params.n_heads / params.kv_heads), rk.lo / c + wid.x, (rk.hi - 1u) / c);
 }

@@ -6,6 +6,8 @@
 // (attn_scores), not from K again. The chunk's partial output sum_j p_j * v_j
 // (already normalised) goes to part[((t * n_heads + h) * max_chunks + c) *
 // VD/4 + i] (vec4); attn_combine adds the chunks. VD % 4 == 0, VD <= 4 * WG.
+// V rows are read through the block table a block's run of keys at a time
+// (one table read per run, paging.wgsl).
 
 // #include attn_common
 
@@ -22,30 +24,35 @@ const GROUPS: u32 = WG / LANES; // keys summed side by side
 @group(0) @binding(3) var<storage, read> vcache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> state: array<u32>;
+@group(0) @binding(6) var<storage, read> rows: array<u32>;
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
+
+// #include paging
 
 var<workgroup> red: array<array<vec2<f32>, HG>, WG>;
 var<workgroup> probs: array<array<f32, C>, HG>;
 var<workgroup> red_v: array<vec4<f32>, WG>;
 
-// KV_MIN > 0: the one-pass kernel takes batches whose last token sees at most
-// KV_MIN keys (short contexts); split-K then does nothing.
+// KV_MIN > 0: the one-pass kernel takes the rows that see at most KV_MIN keys
+// (short contexts); split-K does nothing for them. Padding rows: nothing either.
 const KV_MIN: u32 = {{KV_MIN}}u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
-    if (state[0] + state[1] <= KV_MIN) {
+    let t = wid.z;
+    let rk = row_keys(t);
+    if (rk.hi <= KV_MIN || rk.hi == 0u) {
         return;
     }
-    let t = wid.z;
-    let work = split_work(wid, state[0], HG, C);
+    let work = split_work(wid, rk, HG, C);
     if (work.c_start > work.c_last) {
         return;
     }
     let h0 = work.h0;
     let kvh = work.kvh;
-    let lo = work.lo;
-    let hi = work.hi;
+    let lo = rk.lo;
+    let hi = rk.hi;
     // Global (max, sum) over the chunks [lo / C, (hi - 1) / C].
     var ml: array<vec2<f32>, HG>;
     for (var g = 0u; g < HG; g++) {
@@ -94,12 +101,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc[g] = vec4<f32>(0.0);
         }
         if (grp < GROUPS) {
-            for (var jj = j_lo + grp; jj < j_hi; jj += GROUPS) {
-                let w = vcache[((k0 + jj) * params.kv_heads + kvh) * LANES + lane];
-                let v = vec4<f32>(halves(w.x), halves(w.y));
-                for (var g = 0u; g < HG; g++) {
-                    acc[g] += probs[g][jj] * v;
+            // Runs of keys within one block: consecutive cache rows from `off`.
+            for (var r = j_lo; r < j_hi;) {
+                let r_end = block_end(k0 + r, k0 + j_hi) - k0;
+                let off = cache_row(rk.tb, k0 + r) - r;  // key jj's row is off + jj (u32 wraps back)
+                for (var jj = r + grp; jj < r_end; jj += GROUPS) {
+                    let w = vcache[((off + jj) * params.kv_heads + kvh) * LANES + lane];
+                    let v = vec4<f32>(halves(w.x), halves(w.y));
+                    for (var g = 0u; g < HG; g++) {
+                        acc[g] += probs[g][jj] * v;
+                    }
                 }
+                r = r_end;
             }
         }
         for (var g = 0u; g < HG; g++) {

@@ -1,7 +1,8 @@
 // Rotary position embedding, in place on x [T, n_heads * head_dim].
 // STYLE norm rotates adjacent pairs (x[2i], x[2i+1]) (llama); neox rotates
 // (x[i], x[i + n_rot/2]) (qwen, gemma). Dims >= n_rot are left alone.
-// angle_i = pos * freq_scale * theta^(-2i/n_rot) / factor_i, pos = state[0] + t.
+// angle_i = pos * freq_scale * theta^(-2i/n_rot) / factor_i, pos = rows[2t] (the
+// row's position; padding rows are rotated by whatever they hold, unread later).
 // Dispatch (n_heads, T, 1).
 
 struct Params {
@@ -23,11 +24,11 @@ const STYLE: u32 = {{STYLE}};
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> factors: array<f32>;
-@group(0) @binding(3) var<storage, read> state: array<u32>;
+@group(0) @binding(3) var<storage, read> rows: array<u32>;  // [2t]: position of row t, [2t + 1]: its slot
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let pos = f32(state[0] + wid.y);
+    let pos = f32(rows[2u * wid.y]);
     let base = (wid.y * params.n_heads + wid.x) * params.head_dim;
     let half_rot = params.n_rot / 2u;
     for (var i = tid; i < half_rot; i += WG) {

@@ -2,8 +2,9 @@
 // rope(q), rope(k), kv_store. Dispatch (n_heads + kv_heads, T, 1): workgroups
 // x < n_heads rotate query head x in place; the others rotate kv head
 // x - n_heads of k (in place too, so the buffer ends as the unfused ops leave
-// it) and write it and v's row as f16 pairs at position state[0] + t of the
-// caches ([ctx, kv_heads, head_dim], see kv_store.wgsl). The rotation is
+// it) and write it and v's row as f16 pairs at the row's cache row (kv_store.wgsl,
+// paging.wgsl: position rows[2t] of slot rows[2t + 1] through the block table).
+// Padding rows (t >= state[1]) are left alone and write nothing. The rotation is
 // rope.wgsl's (rope_common): STYLE norm pairs (2i, 2i+1), neox (i, i + n_rot/2);
 // dims >= n_rot are copied. A row is rotated into workgroup memory first, then
 // written back, because a dim's partner may belong to another invocation.
@@ -18,6 +19,7 @@ struct Params {
     theta: f32,
     freq_scale: f32,
     has_factors: u32,
+    blocks_per_seq: u32,
 }
 
 const WG: u32 = 64u;
@@ -36,6 +38,10 @@ const STYLE: u32 = {{STYLE}};
 @group(0) @binding(5) var<storage, read_write> vcache: array<u32>;
 @group(0) @binding(6) var<storage, read> factors: array<f32>;
 @group(0) @binding(7) var<storage, read> state: array<u32>;
+@group(0) @binding(8) var<storage, read> rows: array<u32>;
+@group(0) @binding(9) var<storage, read> block_table: array<u32>;
+
+// #include paging
 
 var<workgroup> row: array<f32, MAX_D>;
 
@@ -71,8 +77,11 @@ fn rotated(d: u32, own: f32, other: f32, pos: f32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let t = wid.y;
+    if (t >= state[1]) {
+        return;
+    }
     let hd = params.head_dim;
-    let pos = f32(state[0] + t);
+    let pos = f32(rows[2u * t]);
     if (wid.x < params.n_heads) {
         let base = (t * params.n_heads + wid.x) * hd;
         for (var d = tid; d < hd; d += WG) {
@@ -98,16 +107,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         row[d] = r;
     }
     workgroupBarrier();
-    let cache_row = (state[0] + t) * params.kv_heads + h;
+    let crow = cache_row(rows[2u * t + 1u] * params.blocks_per_seq, rows[2u * t]) * params.kv_heads + h;
     for (var d = tid; d < hd; d += WG) {
         k[base + d] = row[d];
     }
     for (var j = tid; j < hd / 2u; j += WG) {
-        kcache[cache_row * (hd / 2u) + j] = pack2x16float(vec2<f32>(row[2u * j], row[2u * j + 1u]));
+        kcache[crow * (hd / 2u) + j] = pack2x16float(vec2<f32>(row[2u * j], row[2u * j + 1u]));
     }
     let vw = params.v_head_dim / 2u;
     let vbase = (t * params.kv_heads + h) * params.v_head_dim;
     for (var j = tid; j < vw; j += WG) {
-        vcache[cache_row * vw + j] = pack2x16float(vec2<f32>(v[vbase + 2u * j], v[vbase + 2u * j + 1u]));
+        vcache[crow * vw + j] = pack2x16float(vec2<f32>(v[vbase + 2u * j], v[vbase + 2u * j + 1u]));
     }
 }

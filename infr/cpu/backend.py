@@ -1,19 +1,25 @@
-"""Executes a plan with numpy: batched prefill and one-token decode.
+"""Executes a plan with numpy: a batch of rows from any number of sequences.
 
-The KV cache is static ([n_ctx, kv_heads, head_dim] per layer) and float16,
-as llama.cpp's default cache is, so rounding matches the oracle.
+The KV cache is a store of blocks per layer ([n_blocks * block_size, kv_heads,
+head_dim], float16 as llama.cpp's default cache is, so rounding matches the
+oracle); a sequence reaches its keys through its block table (infr/kvpool.py).
+Matmuls run over every row of the batch at once, so a step of eight decode
+rows reads each weight once; attention runs per sequence over its own keys.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from infr.batch import Batch, OutputRow, StepResult
 from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
+from infr.kvpool import BLOCK_SIZE
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan
+from infr.sampling import host_sample
 
 
 class ContextFullError(InfrError):
@@ -22,8 +28,10 @@ class ContextFullError(InfrError):
 
 class CPUBackend:
     name = "cpu"
+    multi_step = 1  # the engine runs one step per call (each step's tokens are known at once)
 
-    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int):
+    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: int | None = None,
+                 block_size: int = BLOCK_SIZE):
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         for name in plan.weights():
             check_supported(gf.tensor(name))  # missing tensor / unsupported type fail at load
@@ -31,35 +39,102 @@ class CPUBackend:
         # The embedding table is gathered row by row unless the head needs it whole.
         embed_table = plan.embed[0].table
         self.w.load_all(plan.weights(), skip=frozenset() if plan.spec.tied_embeddings else {embed_table})
+        self.block_size = int(block_size)
+        self.blocks_per_seq = -(-n_ctx // self.block_size)
+        self.n_blocks = max(int(kv_blocks or 0), self.blocks_per_seq)
+        rows = self.n_blocks * self.block_size
         self.k_cache: dict[int, np.ndarray] = {}
         self.v_cache: dict[int, np.ndarray] = {}
-        for layer in plan.spec.layers:
-            a = layer.attention
-            self.k_cache[layer.index] = np.zeros((n_ctx, a.n_kv_heads, a.head_dim), np.float16)
-            self.v_cache[layer.index] = np.zeros((n_ctx, a.n_kv_heads, a.v_head_dim), np.float16)
+        for st in plan.state:
+            self.k_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.head_dim), np.float16)
+            self.v_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.v_head_dim), np.float16)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(2 * st.n_kv_heads * (st.head_dim + st.v_head_dim) for st in self.plan.state)
+
+    # --- one sequence (tools and tests): slot 0 over blocks 0.. in order
 
     def forward(self, tokens: list[int] | np.ndarray, start: int, n_logits: int = 1) -> np.ndarray:
-        """Run tokens at positions start..; logits [n_logits, vocab] of the last rows."""
+        """Run tokens at positions start.. of one sequence; logits [n_logits, vocab] of the last rows.
+        Uses blocks 0.. as that sequence's cache: not for a backend an engine schedules on."""
         ids = np.asarray(tokens, dtype=np.int64)
         if start + len(ids) > self.n_ctx:
             raise ContextFullError(
                 f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}"
             )
+        self._check_ids(ids)
+        pos = np.arange(start, start + len(ids))
+        table = {0: list(range(self.blocks_per_seq))}
+        x = self._body(ids, pos, np.zeros(len(ids), np.int32), table)
+        return self._head(x[-n_logits:] if n_logits > 0 else x)
+
+    # --- the engine's step
+
+    def step(self, batch: Batch) -> StepResult:
+        """Every row of the batch through the model; one sampled token per output row."""
+        ids = np.asarray(batch.tokens, dtype=np.int64)
+        self._check_ids(ids)
+        if len(batch.positions) and int(batch.positions.max()) >= self.n_ctx:
+            raise ContextFullError(f"context full: position {int(batch.positions.max())} is past {self.n_ctx}")
+        x = self._body(ids, np.asarray(batch.positions, np.int64), batch.slots, batch.tables)
+        outs = batch.outputs
+        if not outs:
+            return StepResult([])
+        logits = self._head(x[[o.row for o in outs]])
+        res = StepResult([host_sample(o, logits[i]) for i, o in enumerate(outs)])
+        res.logits = {i: logits[i] for i, o in enumerate(outs) if o.want_logits}
+        return res
+
+    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next."""
+        out = []
+        for _ in range(k):
+            tokens = self.step(batch).tokens
+            out.append(tokens)
+            batch = Batch(np.asarray(tokens, np.int32), batch.positions + 1, batch.slots, batch.tables, batch.outputs)
+        return out
+
+    # --- execution
+
+    def _check_ids(self, ids: np.ndarray) -> None:
         if len(ids) and (ids.min() < 0 or ids.max() >= self.plan.spec.n_vocab):
             raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
+
+    def _physical(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]]) -> np.ndarray:
+        """Store rows of (slot, position) pairs."""
+        bs = self.block_size
+        out = np.empty(len(pos), np.int64)
+        for s in np.unique(slots):
+            sel = slots == s
+            table = np.asarray(tables[int(s)], np.int64)
+            p = pos[sel]
+            if len(p) and int(p.max()) // bs >= len(table):
+                raise InfrError(f"position {int(p.max())} of slot {int(s)} is past its {len(table)} KV blocks")
+            out[sel] = table[p // bs] * bs + p % bs
+        return out
+
+    def _body(self, ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]]) -> np.ndarray:
         env: dict[str, np.ndarray] = {}
-        pos = np.arange(start, start + len(ids))
+        ctx = _Rows(pos, np.asarray(slots), tables, self._physical(pos, np.asarray(slots), tables))
         for op in self.plan.embed + self.plan.layers:
-            self._run(op, env, ids, pos)
-        env["x"] = env["x"][-n_logits:] if n_logits > 0 else env["x"]
+            self._run(op, env, ids, ctx)
+        return env["x"]
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        env = {"x": x}
         for op in self.plan.head:
-            self._run(op, env, ids, pos)
+            self._run(op, env, None, None)
         return env["logits"]
 
-    def _run(self, op, env: dict[str, np.ndarray], ids: np.ndarray, pos: np.ndarray) -> None:
+    def _run(self, op, env: dict[str, np.ndarray], ids: np.ndarray | None, ctx: "_Rows | None") -> None:
         w = self.w
         if isinstance(op, MatMul):
-            y = F.matmul_input(env[op.src], self.gf.tensor(op.weight).qtype) @ w[op.weight].T
+            x = F.matmul_input(env[op.src], self.gf.tensor(op.weight).qtype)
+            if x.shape[0] == 1:  # BLAS takes one row to gemv, whose sums differ from gemm's: a row
+                y = (np.concatenate([x, x]) @ w[op.weight].T)[:1]  # gives the same values alone or in a batch
+            else:
+                y = x @ w[op.weight].T
             if op.bias:
                 y += w[op.bias]
             env[op.dst] = y
@@ -67,18 +142,15 @@ class CPUBackend:
             env[op.dst] = F.rms_norm(env[op.src], w[op.weight], op.eps, op.group)
         elif isinstance(op, Rope):
             ff = w[op.rope.freq_factors] if op.rope.freq_factors else None
-            angles = F.rope_angles(pos, op.rope, ff)
+            angles = F.rope_angles(ctx.pos, op.rope, ff)
             env[op.buf] = F.rope(env[op.buf], op.n_heads, op.head_dim, angles, op.rope.style)
         elif isinstance(op, StoreKV):
             kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
-            kc[pos] = env[op.k].reshape(len(pos), kc.shape[1], kc.shape[2])
-            vc[pos] = env[op.v].reshape(len(pos), vc.shape[1], vc.shape[2])
+            n = len(ctx.pos)
+            kc[ctx.phys] = env[op.k].reshape(n, kc.shape[1], kc.shape[2])
+            vc[ctx.phys] = env[op.v].reshape(n, vc.shape[1], vc.shape[2])
         elif isinstance(op, Attention):
-            a = op.spec
-            env[op.dst] = F.attention(
-                env[op.q], self.k_cache[op.layer], self.v_cache[op.layer], pos, int(pos[-1]) + 1,
-                a.n_heads, a.scale, a.sliding_window, a.softcap,
-            )
+            env[op.dst] = self._attention(op, env[op.q], ctx)
         elif isinstance(op, GatedAct):
             env[op.dst] = F.gated_act(env[op.gate], env[op.up], op.act)
         elif isinstance(op, Add):
@@ -89,3 +161,33 @@ class CPUBackend:
             env[op.buf] = np.tanh(env[op.buf] / op.cap) * np.float32(op.cap)
         else:  # a new op kind must be implemented here before a plan may use it
             raise NotImplementedError(type(op).__name__)
+
+    def _attention(self, op: Attention, q: np.ndarray, ctx: "_Rows") -> np.ndarray:
+        """Each sequence's rows over that sequence's keys, gathered from its blocks."""
+        a = op.spec
+        kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
+        out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
+        for sel, keys in ctx.groups(self.block_size):
+            out[sel] = F.attention(q[sel], kc[keys], vc[keys], ctx.pos[sel], len(keys), a.n_heads, a.scale,
+                                   a.sliding_window, a.softcap)
+        return out
+
+
+class _Rows:
+    """Where a batch's rows live: positions, slots and store rows, and per
+    sequence the store rows of its keys (computed once per step, used by every layer)."""
+
+    def __init__(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]], phys: np.ndarray):
+        self.pos, self.slots, self.tables, self.phys = pos, slots, tables, phys
+        self._groups = None
+
+    def groups(self, bs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self._groups is None:
+            self._groups = []
+            for s in np.unique(self.slots):
+                sel = np.flatnonzero(self.slots == s)
+                n_kv = int(self.pos[sel].max()) + 1
+                j = np.arange(n_kv)
+                table = np.asarray(self.tables[int(s)], np.int64)
+                self._groups.append((sel, table[j // bs] * bs + j % bs))
+        return self._groups

@@ -3,9 +3,11 @@
 At load: weights are uploaded once in their GGUF block layout, activation
 buffers are planned from the op list, and for a batch shape (T tokens, n
 logit rows) every pipeline, params buffer and bind group is built once and
-cached. A forward call then writes the token ids and the state buffer
-(first position, T), encodes the prebuilt dispatches in one compute pass and
-reads the logits back.
+cached. A forward call then writes the token ids, each row's position and
+sequence slot (`rows`) and the state buffer (live rows), encodes the prebuilt
+dispatches in one compute pass and reads the logits back. The KV cache is
+paged (docs/gpu_kernels.md): one sequence is slot 0 over an identity block
+table; `run_rows` runs rows of several sequences against a caller's table.
 
 WebGPU forbids binding one buffer as read-only and writable in a dispatch,
 so an op that writes a buffer it also reads (`x = x + o`, in-place norms)
@@ -18,9 +20,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from infr.batch import Batch, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
-from infr.numerics import check_supported
+from infr.numerics import check_supported, has_penalties
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
@@ -32,20 +35,25 @@ from infr.gpu.device import Device, get_device
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan
+from infr.sampling import host_sample
 
 MAX_BATCH = 512  # tokens per forward pass (llama.cpp's default ubatch); longer prompts run in chunks
-MAX_LOGIT_ROWS = 32
-SHAPE_CACHE = 6  # distinct (T, n_logits) graphs kept built
+MAX_LOGIT_ROWS = 64  # output rows of one step: every running sequence's (MAX_SEQS)
+SHAPE_CACHE = 24  # distinct (T, n_logits) graphs kept built: the engine's row and output buckets
 TOKEN_LOG = 4096  # greedy tokens decoded on the GPU before the host must read them
 TOKENS_PER_SUBMIT = 8
+MAX_SEQS = 64  # sequence slots of the block table (run_rows)
 
 
 class GPUBackend:
     name = "gpu"
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
-                 progress=None):
+                 progress=None, kv_blocks: int | None = None, block_size: int = KS.BLOCK_SIZE,
+                 max_seqs: int = MAX_SEQS):
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
+        self.block_size, self.max_seqs = block_size, max_seqs
+        self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth)
         self.dev = dev or get_device()
         profile.install_from_env()
         self.kern = kernels or _shared_kernels(self.dev)
@@ -86,23 +94,32 @@ class GPUBackend:
         self._progress = None  # load only: later shapes build silently
 
     def _own_state(self) -> None:
-        """What one sequence needs besides the weights: activations, ids and state,
-        the KV cache and the graphs that bind them (the decode graph built now)."""
-        spec, n_ctx = self.plan.spec, self.n_ctx
+        """What one sequence needs besides the weights: activations, ids, rows and
+        state, the paged KV cache (n_blocks blocks, an identity block table for
+        slot 0) and the graphs that bind them (the decode graph built now)."""
+        spec, BS = self.plan.spec, self.block_size
+        self.blocks_per_seq = -(-self.n_ctx // BS)  # a block table row: one context
+        self.n_blocks = max(self.kv_blocks or 0, self.blocks_per_seq)  # the store, shared by every slot
         self.buffers: dict[str, list] = {}
         for name in self.widths:
             self.buffers[name] = [self._activation(name, 0)]
         self.tail = storage(self.dev, MAX_LOGIT_ROWS * spec.n_embd * 4, label="x_tail")
         self.ids = storage(self.dev, MAX_BATCH * 4, label="ids")
         self.state = storage(self.dev, 16, label="state")
+        self.rows = storage(self.dev, MAX_BATCH * 8, label="rows")
+        self.block_table = storage(self.dev, KS.identity_table(self.blocks_per_seq, self.max_seqs),
+                                   label="block_table")
+        self._identity = True  # whether block_table holds identity_table (run_rows writes others)
+        self.paging = KS.Paging(self.state, self.rows, self.block_table, BS, self.blocks_per_seq)
         self.token_log = storage(self.dev, 4 * TOKEN_LOG, label="token_log")
         self.k_cache, self.v_cache = {}, {}
+        n_rows = self.n_blocks * BS
         for layer in spec.layers:
             a = layer.attention
-            self.k_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.head_dim * 2, label="k")
-            self.v_cache[layer.index] = storage(self.dev, n_ctx * a.n_kv_heads * a.v_head_dim * 2, label="v")
-            self.vram += n_ctx * a.n_kv_heads * (a.head_dim + a.v_head_dim) * 2
-        self._graphs: OrderedDict[tuple[int, int, bool], tuple] = OrderedDict()
+            self.k_cache[layer.index] = storage(self.dev, n_rows * a.n_kv_heads * a.head_dim * 2, label="k")
+            self.v_cache[layer.index] = storage(self.dev, n_rows * a.n_kv_heads * a.v_head_dim * 2, label="v")
+            self.vram += n_rows * a.n_kv_heads * (a.head_dim + a.v_head_dim) * 2
+        self._graphs: OrderedDict[tuple[int, int, bool, bool], tuple] = OrderedDict()
         self._graph(1, 1)  # the decode graph: built at load
         if self._has_spans(1):  # and its form for steps past split_from keys
             self._graph(1, 1, True)
@@ -113,7 +130,8 @@ class GPUBackend:
         what it adds. Calls on forks must not overlap (one queue; the serve
         slots take a lock around each forward pass)."""
         twin = object.__new__(GPUBackend)
-        for name in ("gf", "plan", "n_ctx", "dev", "kern", "weights", "stacks", "stack_bias", "widths"):
+        for name in ("gf", "plan", "n_ctx", "dev", "kern", "weights", "stacks", "stack_bias", "widths", "block_size",
+                     "max_seqs", "kv_blocks"):
             setattr(twin, name, getattr(self, name))
         twin.vram, twin._progress = 0, None
         twin._own_state()
@@ -145,19 +163,79 @@ class GPUBackend:
         bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]
         if len(ids) - bounds[-2] < n_logits:
             bounds[-2] = len(ids) - n_logits
+        self._identity_table()
         for a, b in zip(bounds[:-1], bounds[1:]):
             last = b == len(ids)
-            out = self._run(ids[a:b], pos, n_logits if last else 0)
+            out = self._run(ids[a:b], np.arange(pos, pos + b - a), np.zeros(b - a, np.uint32), n_logits if last else 0)
             pos += b - a
         return out
 
-    def _run(self, ids: np.ndarray, start: int, n_logits: int) -> np.ndarray:
+    def run_rows(self, ids, positions, slots, block_table, n_logit_rows: int = 1, pad_to: int | None = None,
+                 decode: bool | None = None) -> np.ndarray:
+        """One forward pass over arbitrary rows: row t is token ids[t] at
+        positions[t] of sequence slot slots[t], whose keys live in the blocks
+        `block_table` gives it ([n_slots, blocks_per_seq] with n_slots <= max_seqs, or
+        flat: entry s * blocks_per_seq + b is slot s's logical block b; uploaded as
+        is). Every key a row attends, 0 .. positions[t] of its sequence, is in
+        the cache or among the rows of this call. Returns the logits of the last
+        n_logit_rows rows, [n_logit_rows, n_vocab].
+
+        `pad_to`: run the graph of that many rows (>= len(ids)), the rows past
+        len(ids) padding (the backend keeps graphs per batch shape). `decode`: the
+        rows are a batched decode step (each sequence few rows; attention per row
+        up to kernels_attention.DECODE_MAX_T rows); None decides from the slots."""
+        ids = np.asarray(ids, np.uint32).reshape(-1)
+        pos = np.asarray(positions, np.int64).reshape(-1)
+        slot = np.asarray(slots, np.int64).reshape(-1)
+        n, T = len(ids), max(len(ids), pad_to or 0)
+        if not n or len(pos) != n or len(slot) != n:
+            raise InfrError("run_rows needs one position and one slot per token id, and at least one row")
+        if T > MAX_BATCH:
+            raise InfrError(f"at most {MAX_BATCH} rows per forward pass, got {T}")
+        if int(ids.max()) >= self.plan.spec.n_vocab:
+            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
+        per = self.blocks_per_seq
+        if pos.min() < 0 or pos.max() >= per * self.block_size:
+            raise InfrError(f"positions must lie in 0..{per * self.block_size - 1}")
+        table = np.asarray(block_table, np.int64).reshape(-1)
+        n_slots = table.size // per  # the table's first rows: slots 0 .. n_slots - 1
+        if not 1 <= n_slots <= self.max_seqs or table.size % per:
+            raise InfrError(f"the block table is 1..{self.max_seqs} slots of {per} entries, "
+                            f"got {table.size} entries")
+        if table.min() < 0 or table.max() >= self.n_blocks:
+            raise InfrError(f"block table entries must lie in 0..{self.n_blocks - 1}")
+        if slot.min() < 0 or slot.max() >= n_slots:
+            raise InfrError(f"sequence slots must lie in 0..{n_slots - 1} (the table's rows)")
+        if not 1 <= n_logit_rows <= min(n, MAX_LOGIT_ROWS):
+            raise InfrError(f"n_logit_rows must lie in 1..{min(n, MAX_LOGIT_ROWS)}")
+        self.dev.device.queue.write_buffer(self.block_table, 0, table.astype(np.uint32))
+        self._identity = False
+        if decode is None:
+            decode = int(np.bincount(slot).max()) <= KA.SPLIT_MAX_T
+        ids_t = np.zeros(T, np.uint32)
+        ids_t[:n] = ids
+        pos_t, slot_t = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
+        pos_t[:n], slot_t[:n] = pos, slot
+        return self._run(ids_t, pos_t, slot_t, n_logit_rows, n_live=n, decode=decode)
+
+    def _identity_table(self) -> None:
+        """Slot 0 over blocks 0 .. n_blocks - 1 again (forward and the decode loops; run_rows writes others)."""
+        if not self._identity:
+            self.dev.device.queue.write_buffer(self.block_table, 0,
+                                              KS.identity_table(self.blocks_per_seq, self.max_seqs))
+            self._identity = True
+
+    def _run(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, n_logits: int,
+             n_live: int | None = None, decode: bool = False) -> np.ndarray:
+        """The graph for len(ids) rows, the first n_live live (default all); the
+        logits of live rows n_live - n_logits .. n_live - 1."""
         T = len(ids)
+        n = T if n_live is None else n_live
         q = self.dev.device.queue
         q.write_buffer(self.ids, 0, ids)
-        q.write_buffer(self.state, 0, KS.pack_state(start, T))
-        far = self._far(start, T)
-        body, head, x_buf = self._graph(T, n_logits, far)
+        KS.write_rows(self.dev, self.paging, positions, slots, n)
+        far = self._far(int(np.max(positions[:n])), 1, T, decode)
+        body, head, x_buf = self._graph(T, n_logits, far, decode)
         timer = profile.timer_for(self.dev)
         if timer is not None and len(body) + len(head) + 2 > timer.room:
             timer = None  # too many dispatches for one query set: this call goes untimed
@@ -165,9 +243,9 @@ class GPUBackend:
             enc = self.dev.device.create_command_encoder()
             _encode(enc, body, timer)
             if n_logits:
-                if n_logits != T:  # the head runs on the last rows only
+                if n_logits != T:  # the head runs on the last live rows only
                     width = self.plan.spec.n_embd * 4
-                    enc.copy_buffer_to_buffer(x_buf, (T - n_logits) * width, self.tail, 0, n_logits * width)
+                    enc.copy_buffer_to_buffer(x_buf, (n - n_logits) * width, self.tail, 0, n_logits * width)
                 _encode(enc, head, timer)
             cmd = profile.finish_encoder(enc, timer, T)
         with profile.HostClock(timer, "submit"):
@@ -175,10 +253,151 @@ class GPUBackend:
         if not n_logits:
             return np.zeros((0, self.plan.spec.n_vocab), np.float32)
         vocab = self.plan.spec.n_vocab
-        logits_buf = self._logits_buffer(T, n_logits, far)
+        logits_buf = self._logits_buffer(T, n_logits, far, decode)
         with profile.HostClock(timer, "wait"):
             raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(2 * st.n_kv_heads * (st.head_dim + st.v_head_dim) for st in self.plan.state)
+
+    # --- the engine's step
+
+    def step(self, batch: Batch) -> StepResult:
+        """Every row of the batch in one pass (graphs per power-of-two bucket of rows and of
+        output rows); greedy output rows take their token from an argmax on the GPU and only
+        the ids come back. Rows that sample, carry a grammar mask or ask for logits read their
+        logits back and are sampled on the host."""
+        outs = batch.outputs
+        n, L = batch.rows, len(outs)
+        if not 1 <= n <= MAX_BATCH:
+            raise InfrError(f"a step runs 1..{MAX_BATCH} rows, got {n}")
+        if L > MAX_LOGIT_ROWS:
+            raise InfrError(f"a step samples at most {MAX_LOGIT_ROWS} rows, got {L}")
+        if int(batch.tokens.max()) >= self.plan.spec.n_vocab or int(batch.tokens.min()) < 0:
+            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
+        if int(batch.positions.max()) >= self.blocks_per_seq * self.block_size:
+            raise InfrError(f"context full: position {int(batch.positions.max())} is past {self.n_ctx}")
+        out_rows = [o.row for o in outs]
+        T, Lb = _bucket(n), _bucket(L) if L else 0
+        if Lb == T and out_rows != list(range(L)):  # the head must read the tail copy, not the rows in place
+            T = min(2 * T, MAX_BATCH)
+        n_slots = max(batch.tables) + 1
+        if n_slots > self.max_seqs:
+            raise InfrError(f"sequence slot {n_slots - 1} is past this backend's {self.max_seqs}")
+        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
+        for slot, blocks in batch.tables.items():
+            table[slot, : len(blocks)] = blocks
+        q = self.dev.device.queue
+        q.write_buffer(self.block_table, 0, table.reshape(-1))
+        self._identity = False
+        ids = np.zeros(T, np.uint32)
+        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
+        ids[:n], pos[:n], slots[:n] = batch.tokens, batch.positions, batch.slots
+        q.write_buffer(self.ids, 0, ids)
+        KS.write_rows(self.dev, self.paging, pos, slots, n)
+        decode = int(np.bincount(batch.slots).max()) <= KA.SPLIT_MAX_T
+        far = self._far(int(batch.positions.max()), 1, T, decode)
+        body, head, x_buf = self._graph(T, Lb, far, decode)
+        enc = self.dev.device.create_command_encoder()
+        _encode(enc, body)
+        if not L:
+            q.submit([enc.finish()])
+            return StepResult([])
+        if Lb != T:  # the output rows' hidden states, in order, into the head's input
+            width = self.plan.spec.n_embd * 4
+            i = 0
+            while i < L:
+                j = i
+                while j + 1 < L and out_rows[j + 1] == out_rows[j] + 1:
+                    j += 1
+                enc.copy_buffer_to_buffer(x_buf, out_rows[i] * width, self.tail, i * width, (j - i + 1) * width)
+                i = j + 1
+        logits_buf = self._logits_buffer(T, Lb, far, decode)
+        _encode(enc, Recording(head.dispatches + self._argmax_rows(logits_buf, Lb)))
+        q.submit([enc.finish()])
+        tokens = np.frombuffer(q.read_buffer(self.step_tokens, 0, 4 * L), np.uint32).tolist()
+        host = [i for i, o in enumerate(outs) if o.want_logits or o.mask is not None or not _gpu_greedy(o)]
+        res = StepResult(tokens)
+        if host:
+            vocab = self.plan.spec.n_vocab
+            last = max(host) + 1
+            logits = np.frombuffer(q.read_buffer(logits_buf, 0, last * vocab * 4), np.float32).reshape(last, vocab)
+            for i in host:
+                res.tokens[i] = host_sample(outs[i], logits[i])
+                if outs[i].want_logits:
+                    res.logits[i] = logits[i].copy()
+        return res
+
+    multi_step = 16  # greedy decode steps the engine may run per call of decode_steps
+
+    def decode_steps(self, batch: Batch, k: int, per_submit: int = 4) -> list[list[int]]:
+        """k greedy steps of a batch of decode rows (row t: one sequence's next token, every
+        row an output row), tokens kept on the GPU: each step's argmax writes the next step's
+        ids, the step kernel logs them and advances every row; the host encodes submit j + 1
+        while the GPU runs submit j and reads the k x rows token log once. Returns each step's
+        tokens, in row order. The caller owns blocks for every position the k steps write."""
+        L = batch.rows
+        if L != len(batch.outputs) or [o.row for o in batch.outputs] != list(range(L)):
+            raise InfrError("decode_steps runs a batch whose every row is an output row, in order")
+        if not 1 <= k <= TOKEN_LOG // max(L, 1):
+            raise InfrError(f"decode_steps runs 1..{TOKEN_LOG // L} steps of {L} rows")
+        last = int(batch.positions.max()) + k - 1
+        if last >= self.blocks_per_seq * self.block_size:
+            raise InfrError(f"context full: position {last} is past {self.n_ctx}")
+        T = _bucket(L)
+        n_slots = max(batch.tables) + 1
+        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
+        for slot, blocks in batch.tables.items():
+            table[slot, : len(blocks)] = blocks
+        q = self.dev.device.queue
+        q.write_buffer(self.block_table, 0, table.reshape(-1))
+        self._identity = False
+        ids = np.zeros(T, np.uint32)
+        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
+        ids[:L], pos[:L], slots[:L] = batch.tokens, batch.positions, batch.slots
+        q.write_buffer(self.ids, 0, ids)
+        KS.write_rows(self.dev, self.paging, pos, slots, L)  # state: [0] row 0's position, [1] L live, [2] 0 logged
+        start = int(batch.positions.max())
+        done = 0
+        while done < k:
+            n = min(per_submit, k - done)
+            enc = self.dev.device.create_command_encoder()
+            cpass = enc.begin_compute_pass()
+            for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
+                self._multi_step(T, far).encode(cpass, times=times)
+            cpass.end()
+            q.submit([enc.finish()])
+            done += n
+        log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
+        return log.reshape(k, L).tolist()
+
+    def _multi_step(self, T: int, far: bool) -> Recording:
+        """One greedy step of T decode rows (the graph with every row an output row),
+        argmax into ids, then the step kernel's `batch` entry."""
+        far = far and self._has_spans(T, True)
+        cache = self.__dict__.setdefault("_multi", {})
+        if (T, far) not in cache:
+            body, head, _ = self._graph(T, T, far, True)
+            logits = self._logits_buffer(T, T, far, True)
+            argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
+            pipe = self.kern.pipeline("step", "batch")
+            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]),
+                               (1, 1, 1), "step")
+            cache[(T, far)] = Recording(body.dispatches + head.dispatches + argmax + [advance])
+        return cache[(T, far)]
+
+    def _argmax_rows(self, logits_buf, rows: int) -> list[Dispatch]:
+        """argmax of each of the first `rows` rows of a logits buffer into step_tokens (built once per buffer)."""
+        cache = self.__dict__.setdefault("_argmaxes", {})
+        key = (id(logits_buf), rows)
+        if key not in cache:
+            if not hasattr(self, "step_tokens"):
+                self.step_tokens = storage(self.dev, 4 * MAX_LOGIT_ROWS, label="step_tokens")
+            cache[key] = (logits_buf, KS.argmax_dispatches(self.kern, logits_buf, self.step_tokens,
+                                                           self.plan.spec.n_vocab, rows))
+        return cache[key][1]
 
     def decode_greedy(self, token: int, start: int, n: int, per_submit: int = TOKENS_PER_SUBMIT) -> list[int]:
         """n greedy steps that never leave the GPU: argmax writes the next token
@@ -190,8 +409,10 @@ class GPUBackend:
         if n > TOKEN_LOG:
             raise InfrError(f"at most {TOKEN_LOG} greedy tokens per call")
         q = self.dev.device.queue
+        self._identity_table()
         q.write_buffer(self.ids, 0, np.array([token], np.uint32))
         q.write_buffer(self.state, 0, KS.pack_state(start, 1))
+        q.write_buffer(self.rows, 0, KS.pack_rows([start], 0))
         steps = {far: self._decode_step(far) for far in (False, True)}
         timer = profile.timer_for(self.dev)
         if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
@@ -225,24 +446,28 @@ class GPUBackend:
             logits = self._logits_buffer(1, 1, far)
             argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab)
             pipe = self.kern.pipeline("step", "main")
-            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log]), (1, 1, 1), "step")
+            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]), (1, 1, 1),
+                               "step")
             self._steps[far] = Recording(body.dispatches + head.dispatches + argmax + [advance])
         return self._steps[far]
 
     # --- which graph a step takes: near or far keys (kernels_attention.attention_dispatches' span)
 
-    def _has_spans(self, T: int) -> bool:
-        """Whether graphs for T tokens come in a near and a far form."""
+    def _has_spans(self, T: int, decode: bool = False) -> bool:
+        """Whether graphs for T rows come in a near and a far form."""
         known = self.__dict__.setdefault("_span_forms", {})
-        if T not in known:
-            known[T] = any(KA.attention_mode(T, la.attention.head_dim, la.attention.v_head_dim, self.n_ctx) == "switch"
-                           for la in self.plan.spec.layers)
-        return known[T]
+        if (T, decode) not in known:
+            known[(T, decode)] = any(
+                KA.attention_mode(T, la.attention.head_dim, la.attention.v_head_dim, self.n_ctx, decode) == "switch"
+                for la in self.plan.spec.layers)
+        return known[(T, decode)]
 
-    def _far(self, start: int, T: int) -> bool:
-        """Whether a batch of T tokens at `start` takes the far graph (its last token sees more
-        than split_from keys: split-K attention), rather than the near one (one pass)."""
-        return start + T > KA.split_from() and self._has_spans(T)
+    def _far(self, start: int, T: int, rows: int | None = None, decode: bool = False) -> bool:
+        """Whether a batch whose longest row is the last of T tokens from `start` (its
+        row sees start + T keys) takes the far graph (more than split_from keys:
+        split-K attention), rather than the near one (one pass); `rows`: the
+        graph's rows when they are not T (run_rows: T = 1 at the longest row's position)."""
+        return start + T > KA.split_from() and self._has_spans(rows or T, decode)
 
     def spans(self, start: int, k: int) -> list[tuple[bool, int]]:
         """k one-token steps running tokens start .. start + k - 1: (far, steps) runs in order."""
@@ -267,21 +492,24 @@ class GPUBackend:
             self._resident = ResidentDecoder(self)
         return self._resident
 
-    def _logits_buffer(self, T: int, n_logits: int, far: bool = False):
-        self._graph(T, n_logits, far)
-        return self._graphs[(T, n_logits, far and self._has_spans(T))][3]
+    def _logits_buffer(self, T: int, n_logits: int, far: bool = False, decode: bool = False):
+        self._graph(T, n_logits, far, decode)
+        decode = decode and T > KA.SPLIT_MAX_T
+        return self._graphs[(T, n_logits, far and self._has_spans(T, decode), decode)][3]
 
     # --- lowering
 
-    def _graph(self, T: int, n_logits: int, far: bool = False):
-        """(body, head, x buffer) for a batch of T tokens; `far`: the form for batches whose last
-        token sees more than split_from keys (the same graph where T has one form)."""
-        far = far and self._has_spans(T)
-        key = (T, n_logits, far)
+    def _graph(self, T: int, n_logits: int, far: bool = False, decode: bool = False):
+        """(body, head, x buffer) for a batch of T rows; `far`: the form for batches whose longest
+        row sees more than split_from keys (the same graph where T has one form); `decode`: a
+        batched decode step (kernels_attention.attention_mode; the same graph up to SPLIT_MAX_T rows)."""
+        decode = decode and T > KA.SPLIT_MAX_T
+        far = far and self._has_spans(T, decode)
+        key = (T, n_logits, far, decode)
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return self._graphs[key][:3]
-        lower = _Lowering(self, T, far)
+        lower = _Lowering(self, T, far, decode)
         body = []
         ops = list(self.plan.embed + self.plan.layers)
         i = 0
@@ -332,9 +560,10 @@ class _Lowering:
     """Turns plan ops into dispatches for one batch shape, tracking which
     physical buffer holds each named value."""
 
-    def __init__(self, be: GPUBackend, T: int, far: bool = False):
+    def __init__(self, be: GPUBackend, T: int, far: bool = False, decode: bool = False):
         self.be, self.k, self.rows = be, be.kern, T
         self.span = "far" if far else "near"  # which attention a "switch" layer keeps
+        self.decode = decode  # a batched decode step: per-row attention kernels (attention_mode)
         self.phys = {name: 0 for name in be.buffers}
         self.external: dict[str, object] = {}
         self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
@@ -376,7 +605,7 @@ class _Lowering:
         return self.q8_input(x, int(t.shape[-1]))
 
     def _mmq(self, t, x):
-        """(quantize dispatches, rounded x) when weight t runs the Q4_K int8 GEMM
+        """(quantize dispatches, rounded x) when weight t runs the int8 GEMM
         (kernels_mmq) on this graph's batches, else None."""
         if not KMQ.use_mmq(self.rows, self.be.dev, t):
             return None
@@ -443,7 +672,7 @@ class _Lowering:
         a = be.plan.spec.layers[st.layer].attention
         factors = be.weights[r.freq_factors][0] if r.freq_factors else None
         return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
-                                    be.k_cache[st.layer], be.v_cache[st.layer], be.state, rq.n_heads, rk.n_heads,
+                                    be.k_cache[st.layer], be.v_cache[st.layer], be.paging, rq.n_heads, rk.n_heads,
                                     a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style, self.rows,
                                     factors=factors)]
 
@@ -478,25 +707,27 @@ class _Lowering:
             r = op.rope
             factors = be.weights[r.freq_factors][0] if r.freq_factors else None
             x = self.current(op.buf)
-            return [KS.rope_dispatch(self.k, x, be.state, op.n_heads, op.head_dim, r.n_rot, r.theta,
+            return [KS.rope_dispatch(self.k, x, be.paging, op.n_heads, op.head_dim, r.n_rot, r.theta,
                                      r.freq_scale, r.style, T, factors=factors)]
         if isinstance(op, StoreKV):
             a = be.plan.spec.layers[op.layer].attention
             return [KS.kv_store_dispatch(self.k, self.current(op.k), self.current(op.v), be.k_cache[op.layer],
-                                         be.v_cache[op.layer], be.state, a.n_kv_heads, a.head_dim, a.v_head_dim, T)]
+                                         be.v_cache[op.layer], be.paging, a.n_kv_heads, a.head_dim, a.v_head_dim, T)]
         if isinstance(op, Attention):
             a = op.spec
             q = self.current(op.q)
             out = self.target(op.dst, op.q)
             layers = [la.attention for la in be.plan.spec.layers]
-            scratch = lambda: KA.scratch_for(be, self.k, T, be.n_ctx, max(x.n_heads for x in layers),
+            # Scores are kept by position: the scratch spans a sequence's longest, blocks_per_seq * BS.
+            scratch = lambda: KA.scratch_for(be, self.k, T, be.blocks_per_seq * be.block_size, max(x.n_heads for x in layers),
                                              max(x.v_head_dim for x in layers))
             K = a.n_heads * a.v_head_dim
             fuse = KS.can_round_output(a.n_heads, a.v_head_dim) and self._feeds_gemv_q8(op.dst, K)
             xq = KQ.scratch(self.k, K, T) if fuse else None
-            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.state,
+            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.paging,
                                          scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
-                                         a.sliding_window, a.softcap, T, n_ctx=be.n_ctx, xq=xq, span=self.span)
+                                         a.sliding_window, a.softcap, T, n_ctx=be.n_ctx, xq=xq, span=self.span,
+                                         decode=self.decode)
             if xq is not None:
                 self.q8 = (out, K, xq)  # the o projection reads the rounded copy
             return ds
@@ -581,6 +812,16 @@ def _is_residual(op, nxt) -> bool:
         isinstance(op, MatMul) and isinstance(nxt, Add) and nxt.dst != op.dst
         and {nxt.a, nxt.b} == {nxt.dst, op.dst}
     )
+
+
+def _bucket(n: int) -> int:
+    """The graph size that runs n rows: the next power of two (at most MAX_BATCH)."""
+    return min(MAX_BATCH, 1 << max(0, (n - 1).bit_length()))
+
+
+def _gpu_greedy(row) -> bool:
+    """Whether the GPU's argmax is this row's token: greedy without penalties."""
+    return row.params.greedy and not has_penalties(row.params)
 
 
 def _encode(enc, recording: Recording, timer=None) -> None:

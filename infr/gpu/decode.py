@@ -3,10 +3,11 @@
 One compute pass per submit holds `per_submit` decode steps; a step is the
 decode graph (embedding -> logits, built at load), the sampler
 (infr/gpu/kernels_sample.py) writing the next token into the `ids` buffer
-the next step's embedding reads, and `advance`, which appends the token to
-`seq` (the context's token ids, which the penalty kernel reads) and moves the
-position in `state`. Nothing is rebuilt per token: the host only re-encodes
-prebuilt bind groups.
+the next step's embedding reads, and `advance` (wgsl/step.wgsl `context`),
+which appends the token to `seq` (the context's token ids, which the penalty
+kernel reads) and moves the position in `state` (the sampler's) and `rows`
+(rope's, the KV store's and attention's). Nothing is rebuilt per token: the
+host only re-encodes prebuilt bind groups.
 
 Token ids come back asynchronously: each submit copies its slice of `seq`
 into a staging buffer of a small ring and maps it with map_async; the host
@@ -32,7 +33,7 @@ from infr.errors import InfrError
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
-from infr.gpu.runtime import Recording, storage
+from infr.gpu.runtime import Dispatch, Recording, storage
 from infr.sampling import SamplingParams
 
 # Decode steps per submit and submits in flight (env INFR_DECODE_PER_SUBMIT / INFR_DECODE_DEPTH, to
@@ -58,7 +59,9 @@ class ResidentDecoder:
             if be._logits_buffer(1, 1, far) is not logits:
                 raise RuntimeError("the near and far decode graphs must share the logits buffer")
             self.forward[far] = body.dispatches + head.dispatches
-        self.advance = self.sampler.advance()
+        # The sampler's own `advance` moves state[0] alone; the step kernel also moves the rows.
+        pipe = be.kern.pipeline("step", "context")
+        self.advance = Dispatch(pipe, be.kern.bind(pipe, [be.ids, be.state, self.seq, be.rows]), (1, 1, 1), "advance")
         self._recordings: dict[int, tuple[Recording, dict[bool, Recording]]] = {}
         self._free: list = []  # staging buffers not in flight
         self.last = {}  # the latest stream's numbers: tokens, submits, host seconds
@@ -114,7 +117,9 @@ class ResidentDecoder:
         if params.repeat_last_n != 0:  # the penalty kernel reads the context's ids
             q.write_buffer(self.seq, 0, np.asarray(context, np.uint32))
         q.write_buffer(self.logits, 0, np.ascontiguousarray(logits, np.float32))
+        be._identity_table()
         q.write_buffer(be.state, 0, KS.pack_state(P - 1, 1))
+        q.write_buffer(be.rows, 0, KS.pack_rows([P - 1], 0))
         self.sampler.set(params, seed)
         timer = profile.timer_for(be.dev)
         longest = max(len(st) for st in steps.values())

@@ -1,18 +1,22 @@
 """Dispatch builders for attention and the fused RoPE + KV store.
 
 Attention is lowered one of three ways, fixed when a graph is built for a
-batch shape (T tokens) and reused at every position (the KV length lives in
-the GPU `state` buffer, docs/gpu_kernels.md):
+batch shape (T rows) and reused at every position: each row's position and
+sequence slot live in the GPU `rows` buffer and its keys in the paged KV cache
+through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
 
-- split-K decode (T <= SPLIT_MAX_T, more than SPLIT_FROM keys): the keys in chunks of `chunk` positions,
+- split-K decode (T <= SPLIT_MAX_T, or up to DECODE_MAX_T rows of a batched
+  decode step whose sequences each have few rows; more than SPLIT_FROM keys):
+  the keys in chunks of `chunk` positions,
   workgroups per (HG query heads of one kv head) each taking every P-th chunk
   (split_parallel). Three dispatches:
   `attn_scores` (scores to a scratch buffer, per-chunk max and sum),
   `attn_values` (global max and sum from the chunk stats, f16(p) . V per
-  chunk), `attn_combine` (add the chunks). Only chunks up to the current
+  chunk), `attn_combine` (add the chunks). Only chunks up to each row's
   length are visited, so one graph serves every length up to n_ctx.
 - tiled prefill (`attn_tiled`): a block of 16 queries of one head per
-  workgroup sharing K/V tiles in workgroup memory;
+  workgroup sharing K/V tiles in workgroup memory (one walk over the keys per
+  sequence among the block's rows: fast when they share one);
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
   dims over 256 or not multiples of 8).
@@ -35,11 +39,16 @@ from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
 SPLIT_MAX_T = 4      # batches up to this many tokens use split-K; longer ones the tiled kernel
+# A batched decode step (one or a few rows for each of many sequences) keeps
+# split-K / one-pass attention up to this many rows: each row reads its own
+# sequence's keys, which the tiled kernel could only share between rows of one
+# sequence. The split-K grid grows with the rows (P shrinks to 1 at 64 rows of 8 head groups).
+DECODE_MAX_T = 64
 # Decode batches whose last token sees at most this many keys run the one-pass
 # kernel, longer ones split-K: on the H200 the one dispatch beat split-K's three
 # at depth 128 (17 vs 43 µs a layer, profiled), and split-K pays where there are
 # thousands of keys (tg64 at depth 4096: 156 vs 66 t/s on the 8B shape). Both
-# are in the graph; each reads the length from `state` and one of them idles.
+# are in the graph; each reads the lengths from `rows` and one of them idles per row.
 # INFR_ATTN_SPLIT_FROM overrides (0: split-K at every length).
 SPLIT_FROM = 512
 # A graph for a context of at most this many keys holds the one-pass kernel
@@ -54,11 +63,12 @@ SPLIT_TARGET_WGS = 512  # split-K workgroups per dispatch at full depth (INFR_AT
 
 
 def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int, theta: float,
-                 freq_scale: float, has_factors: bool) -> bytes:
+                 freq_scale: float, has_factors: bool, blocks_per_seq: int = 1) -> bytes:
     return KS._pack([
         ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
         ("v_head_dim", "u32", v_head_dim), ("n_rot", "u32", n_rot), ("theta", "f32", theta),
         ("freq_scale", "f32", freq_scale), ("has_factors", "u32", int(has_factors)),
+        ("blocks_per_seq", "u32", blocks_per_seq),
     ])
 
 
@@ -142,49 +152,54 @@ def _check(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> None:
 
 
 def split_dispatches(
-    kernels: Kernels, q, kcache, vcache, out, state, scratch: SplitScratch, n_heads: int, kv_heads: int,
+    kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, scratch: SplitScratch, n_heads: int, kv_heads: int,
     head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
     parallel: int | None = None, kv_min: int = 0, xq=None,
 ) -> list[Dispatch]:
-    """Split-K attention for T query tokens at positions state[0] + t (any KV length up to
-    scratch.n_ctx); `parallel` workgroups along the chunks (default split_parallel);
-    `xq`: the combine pass also writes the output rounded there."""
+    """Split-K attention for T rows, each at its own position of its own sequence
+    (pg; positions below scratch.n_ctx); `parallel` workgroups along the chunks
+    (default split_parallel); `xq`: the combine pass also writes the output rounded there."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if v_head_dim > 4 * SPLIT_WG:
         raise ValueError(f"split-K attention needs v_head_dim <= {4 * SPLIT_WG}")
     hg, C, mc = heads_per_group(n_heads, kv_heads), scratch.chunk, scratch.max_chunks
-    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc)
+    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc,
+                             pg.blocks_per_seq)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     P = parallel or split_parallel(mc, n_heads // hg, T)
     grid = (min(P, mc), n_heads // hg, T)
-    s = kernels.pipeline("attn_scores", "main", WG=SPLIT_WG, C=C, HG=hg, HD=head_dim, KV_MIN=kv_min)
-    v = kernels.pipeline("attn_values", "main", WG=SPLIT_WG, C=C, HG=hg, VD=v_head_dim, KV_MIN=kv_min)
-    c = kernels.pipeline("attn_combine", "main", C=C, KV_MIN=kv_min, **KS.q8_out_consts(xq, n_heads, v_head_dim, 4))
+    bs = pg.block_size
+    s = kernels.pipeline("attn_scores", "main", WG=SPLIT_WG, C=C, HG=hg, HD=head_dim, KV_MIN=kv_min, BS=bs)
+    v = kernels.pipeline("attn_values", "main", WG=SPLIT_WG, C=C, HG=hg, VD=v_head_dim, KV_MIN=kv_min, BS=bs)
+    c = kernels.pipeline("attn_combine", "main", C=C, KV_MIN=kv_min, **KS.q8_out_consts(xq, n_heads, v_head_dim, 5))
     shape = f"{n_heads}/{kv_heads}x{head_dim}"
+    paged = [pg.state, pg.rows, pg.table]
     return [
-        Dispatch(s, kernels.bind(s, [p, q, kcache, scratch.scores, scratch.stats, state]), grid,
+        Dispatch(s, kernels.bind(s, [p, q, kcache, scratch.scores, scratch.stats] + paged), grid,
                  f"attn_scores {shape} c{C}x{grid[0]}"),
-        Dispatch(v, kernels.bind(v, [p, scratch.scores, scratch.stats, vcache, scratch.part, state]), grid,
+        Dispatch(v, kernels.bind(v, [p, scratch.scores, scratch.stats, vcache, scratch.part] + paged), grid,
                  f"attn_values {shape} c{C}x{grid[0]}"),
-        Dispatch(c, kernels.bind(c, [p, scratch.part, out, state] + ([xq] if xq is not None else [])),
+        Dispatch(c, kernels.bind(c, [p, scratch.part, out, pg.state, pg.rows] + ([xq] if xq is not None else [])),
                  (n_heads, T, 1), "attn_combine"),
     ]
 
 
 def tiled_dispatch(
-    kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int,
+    kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
 ) -> Dispatch:
-    """Prefill attention for T tokens, 16 queries of one head per workgroup."""
+    """Prefill attention for T rows, 16 queries of one head per workgroup (any
+    rows; a block of 16 rows of one sequence walks its keys once)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if max(head_dim, v_head_dim) > TILED_MAX_DIM:
         raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
     pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
-                            KVW=max(head_dim, v_head_dim) // 2 + 1)
-    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
+                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
+    data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
+                             blocks_per_seq=pg.blocks_per_seq)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, state]), (n_heads, -(-T // 16), 1),
-                    f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
+                    (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 
 
 def split_from() -> int:
@@ -192,14 +207,17 @@ def split_from() -> int:
     return int(os.environ.get("INFR_ATTN_SPLIT_FROM", SPLIT_FROM))
 
 
-def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = None) -> str:
-    """How attention for a batch of T tokens in a context of n_ctx (None: long)
+def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = None, decode: bool = False) -> str:
+    """How attention for a batch of T rows in a context of n_ctx (None: long)
     is lowered: "one_pass", "split" (split-K only), "switch" (one-pass up to
     split_from() keys, split-K past them), "tiled" or "fallback" (the one-pass
-    kernel for shapes the others do not take)."""
+    kernel for shapes the others do not take). `decode`: a batched decode step
+    (rows of many sequences), which keeps the per-row kernels up to DECODE_MAX_T rows."""
     fits = head_dim % 8 == 0 and v_head_dim % 4 == 0
     # INFR_ATTN_SPLIT_T: the largest batch split-K takes (tuning; its scratch grows with T * n_ctx).
     split_t = int(os.environ.get("INFR_ATTN_SPLIT_T", SPLIT_MAX_T))
+    if decode:
+        split_t = max(split_t, DECODE_MAX_T)
     near = split_from()
     one_pass_ctx = max(near, int(os.environ.get("INFR_ATTN_ONE_PASS_CTX", ONE_PASS_CTX)))
     if fits and T <= split_t and n_ctx is not None and near and n_ctx <= one_pass_ctx:
@@ -212,39 +230,39 @@ def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = N
 
 
 def attention_dispatches(
-    kernels: Kernels, q, kcache, vcache, out, state, scratch_of, n_heads: int, kv_heads: int, head_dim: int,
-    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, n_ctx: int | None = None,
-    xq=None, span: str | None = None,
+    kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, scratch_of, n_heads: int, kv_heads: int,
+    head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
+    n_ctx: int | None = None, xq=None, span: str | None = None, decode: bool = False,
 ) -> list[Dispatch]:
-    """The attention lowering for a batch of T tokens in a context of n_ctx
-    (None: long). `scratch_of()` returns the SplitScratch for this T (called
-    only when split-K is chosen). `xq` (where KS.can_round_output): the output
+    """The attention lowering for a batch of T rows in a context of n_ctx
+    (None: long; `decode`: see attention_mode). `scratch_of()` returns the
+    SplitScratch for this T (called only when split-K is chosen). `xq` (where KS.can_round_output): the output
     is also written there rounded to 8 bits for the Q4_K GEMV of the o
     projection, by the decode kernels themselves (saving a quantize dispatch
     per layer), or by a quantize dispatch after the tiled prefill kernel.
 
     Where the mode is "switch", `span` says which keys the graph will meet:
-    "near" (the last token sees at most split_from() keys: the one-pass kernel
-    alone), "far" (more: split-K alone), or None (either: both kernels, and the
-    KV length in `state` idles one of them at each step, ~7.5 µs a layer on the
-    H200). The backend knows each step's length on the host and keeps one graph
+    "near" (every row sees at most split_from() keys: the one-pass kernel
+    alone), "far" (some row sees more: split-K alone), or None (either: both
+    kernels, and each row's length in `rows` idles one of them for that row,
+    ~7.5 µs a layer on the H200). The backend knows each step's length on the host and keeps one graph
     per span; either graph is right at any length, only slower."""
     args = (n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, T)
-    mode = attention_mode(T, head_dim, v_head_dim, n_ctx)
+    mode = attention_mode(T, head_dim, v_head_dim, n_ctx, decode)
     if mode == "switch" and span is not None:
         mode = "one_pass" if span == "near" else "split"
     if mode == "one_pass":
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, xq=xq)]
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq)]
     if mode == "split":
-        return split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, xq=xq)
+        return split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, xq=xq)
     if mode == "switch":
         near = split_from()
-        split = split_dispatches(kernels, q, kcache, vcache, out, state, scratch_of(), *args, kv_min=near, xq=xq)
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, kv_max=near, xq=xq)] + split
+        split = split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, kv_min=near, xq=xq)
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, kv_max=near, xq=xq)] + split
     if mode == "tiled":
-        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, state, *args)]
+        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args)]
     else:
-        out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, state, *args, xq=xq)]
+        out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq)]
         xq = None
     if xq is not None:
         K = n_heads * v_head_dim
@@ -253,18 +271,20 @@ def attention_dispatches(
 
 
 def rope_kv_dispatch(
-    kernels: Kernels, q, k, v, kcache, vcache, state, n_heads: int, kv_heads: int, head_dim: int,
+    kernels: Kernels, q, k, v, kcache, vcache, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, n_rot: int, theta: float, freq_scale: float, style: str, T: int, factors=None,
 ) -> Dispatch:
-    """RoPE on q and k (in place) and k, v into the f16 caches at state[0] + t, in one dispatch."""
+    """RoPE on q and k (in place) at each row's position and the live rows' k, v
+    into the f16 caches at their cache rows (pg's block table), in one dispatch."""
     style = getattr(style, "value", style)
     if style not in ("norm", "neox"):
         raise ValueError(f"unknown rope style {style!r}")
     if n_rot % 2 or n_rot > head_dim or head_dim % 2 or v_head_dim % 2 or head_dim > 512:
         raise ValueError("rope_kv needs even n_rot <= head_dim <= 512 and even head dims")
-    pipe = kernels.pipeline("rope_kv", "main", STYLE=style)
-    data = pack_rope_kv(n_heads, kv_heads, head_dim, v_head_dim, n_rot, theta, freq_scale, factors is not None)
+    pipe = kernels.pipeline("rope_kv", "main", STYLE=style, BS=pg.block_size)
+    data = pack_rope_kv(n_heads, kv_heads, head_dim, v_head_dim, n_rot, theta, freq_scale, factors is not None,
+                        pg.blocks_per_seq)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="rope_kv.params", uniform=True)
     ff = factors if factors is not None else KS._dummy(kernels)
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, k, v, kcache, vcache, ff, state]),
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, k, v, kcache, vcache, ff, pg.state, pg.rows, pg.table]),
                     (n_heads + kv_heads, T, 1), f"rope_kv_{style}")

@@ -3,8 +3,9 @@
 Everything here runs once, at load: each helper packs the op's `Params` into a
 uniform buffer (or reuses one it is given), builds the bind group and returns a
 `Dispatch` the backend encodes token after token. Positions are not baked in:
-kernels that need them read the `state` buffer (`state[0]` = position of the
-batch's first token, `state[1]` = T), see docs/gpu_kernels.md.
+kernels that need them read a `Paging` (the `state` buffer, `state[1]` = live
+rows; `rows`, each row's position and sequence slot; the block table of the
+paged KV cache), see docs/gpu_kernels.md "Paged KV cache".
 
 Packers return the exact bytes of the WGSL struct: fields in declaration order,
 u32 / f32 little-endian, zero-padded to a multiple of 16 bytes.
@@ -13,6 +14,7 @@ u32 / f32 little-endian, zero-padded to a multiple of 16 bytes.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +23,60 @@ from infr.gpu.runtime import Dispatch, Kernels, storage
 # Bounds the attention kernel is compiled for (its shared q row and V accumulators).
 ATTN_MAX_HEAD_DIM = 512
 ELEMENTWISE_WG = 256
+BLOCK_SIZE = 32  # KV cache positions per block (paging.wgsl), the default
+
+
+@dataclass(frozen=True)
+class Paging:
+    """The buffers that say where a batch's rows are and where their keys live:
+    `state` (u32: [0] row 0's position, for the decode loops; [1] live rows n;
+    [2] tokens logged), `rows` (u32, 2 a row: position, sequence slot) and
+    `table` (u32 [max_seqs * blocks_per_seq]: the physical block of each slot's
+    logical blocks of `block_size` positions). Rows t >= state[1] are padding."""
+
+    state: object
+    rows: object
+    table: object
+    block_size: int = BLOCK_SIZE
+    blocks_per_seq: int = 1
+
+    def __post_init__(self):
+        bs = self.block_size
+        if bs < 16 or bs & (bs - 1):
+            raise ValueError(f"the KV block size must be a power of two >= 16, got {bs}")
+
+
+def pack_rows(positions, slots) -> np.ndarray:
+    """Contents of the `rows` buffer: (position, slot) per row."""
+    pos = np.asarray(positions, np.uint32).reshape(-1)
+    return np.stack([pos, np.broadcast_to(np.asarray(slots, np.uint32), pos.shape)], axis=1).reshape(-1)
+
+
+def identity_table(n_blocks: int, max_seqs: int = 1) -> np.ndarray:
+    """A block table where slot 0 owns blocks 0 .. n_blocks - 1 in order (one
+    sequence: today's contiguous cache); the other slots point at block 0."""
+    table = np.zeros((max_seqs, n_blocks), np.uint32)
+    table[0] = np.arange(n_blocks, dtype=np.uint32)
+    return table.reshape(-1)
+
+
+def single_sequence(dev, start: int, T: int, n_ctx: int, block_size: int = BLOCK_SIZE) -> Paging:
+    """New buffers for one sequence of T rows at start .. start + T - 1 in a
+    contiguous cache of n_ctx positions (slot 0, identity table): kernel tests."""
+    n_blocks = -(-n_ctx // block_size)
+    return Paging(storage(dev, pack_state(start, T), label="state"),
+                  storage(dev, pack_rows(np.arange(start, start + T), 0), label="rows"),
+                  storage(dev, identity_table(n_blocks), label="block_table"), block_size, n_blocks)
+
+
+def write_rows(dev, pg: Paging, positions, slots, n_live: int | None = None) -> None:
+    """Point pg at new rows: state (row 0's position, n live) and the rows buffer."""
+    q = dev.device.queue
+    rows = pack_rows(positions, slots)
+    if rows.size:
+        q.write_buffer(pg.rows, 0, rows)
+    n = len(rows) // 2 if n_live is None else n_live
+    q.write_buffer(pg.state, 0, pack_state(int(rows[0]) if rows.size else 0, n)[:2])
 
 
 def _pack(fields: list[tuple[str, str, object]]) -> bytes:
@@ -43,20 +99,22 @@ def pack_rope(n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale:
     ])
 
 
-def pack_kv_store(kv_heads: int, head_dim: int, v_head_dim: int) -> bytes:
-    return _pack([("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim), ("v_head_dim", "u32", v_head_dim)])
+def pack_kv_store(kv_heads: int, head_dim: int, v_head_dim: int, blocks_per_seq: int) -> bytes:
+    return _pack([("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim), ("v_head_dim", "u32", v_head_dim),
+                  ("blocks_per_seq", "u32", blocks_per_seq)])
 
 
 def pack_attention(
     n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, scale: float, window: int | None,
-    softcap: float | None, n_ctx: int = 0, max_chunks: int = 0,
+    softcap: float | None, n_ctx: int = 0, max_chunks: int = 0, blocks_per_seq: int = 1,
 ) -> bytes:
     """wgsl/attn_common.wgsl Params, shared by every attention kernel (n_ctx and
-    max_chunks: the split-K scratch strides)."""
+    max_chunks: the split-K scratch strides; blocks_per_seq: the block table's)."""
     return _pack([
         ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
         ("v_head_dim", "u32", v_head_dim), ("scale", "f32", scale), ("window", "u32", window or 0),
         ("softcap", "f32", softcap or 0.0), ("n_ctx", "u32", n_ctx), ("max_chunks", "u32", max_chunks),
+        ("blocks_per_seq", "u32", blocks_per_seq),
     ])
 
 
@@ -70,7 +128,7 @@ def pack_argmax(n: int, per: int, parts: int) -> bytes:
 
 
 def pack_state(start: int, T: int) -> np.ndarray:
-    """Contents of the `state` buffer: first position of the batch and its length."""
+    """Contents of the `state` buffer: row 0's position and the live rows (Paging)."""
     return np.array([start, T, 0, 0], np.uint32)
 
 
@@ -114,7 +172,7 @@ def rmsnorm_dispatch(
 
 
 def rope_dispatch(
-    kernels: Kernels, x, state, n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale: float,
+    kernels: Kernels, x, pg: Paging, n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale: float,
     style: str, T: int, factors=None, params=None,
 ) -> Dispatch:
     style = getattr(style, "value", style)  # RopeStyle or its string
@@ -125,34 +183,39 @@ def rope_dispatch(
     pipe = kernels.pipeline("rope", "main", STYLE=style)
     p = _params(kernels, pack_rope(n_heads, head_dim, n_rot, theta, freq_scale, factors is not None), params, "rope")
     ff = factors if factors is not None else _dummy(kernels)
-    return Dispatch(pipe, kernels.bind(pipe, [p, x, ff, state]), (n_heads, T, 1), f"rope_{style}")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, ff, pg.rows]), (n_heads, T, 1), f"rope_{style}")
 
 
 def kv_store_dispatch(
-    kernels: Kernels, k, v, kcache, vcache, state, kv_heads: int, head_dim: int, v_head_dim: int, T: int, params=None
+    kernels: Kernels, k, v, kcache, vcache, pg: Paging, kv_heads: int, head_dim: int, v_head_dim: int, T: int,
+    params=None,
 ) -> Dispatch:
+    """k, v rows of the live rows into the caches at their cache rows (pg's block table)."""
     if head_dim % 2 or v_head_dim % 2:
         raise ValueError("the f16 KV cache packs pairs: head dims must be even")
-    pipe = kernels.pipeline("kv_store", "main")
-    p = _params(kernels, pack_kv_store(kv_heads, head_dim, v_head_dim), params, "kv_store")
-    return Dispatch(pipe, kernels.bind(pipe, [p, k, v, kcache, vcache, state]), (kv_heads, T, 1), "kv_store")
+    pipe = kernels.pipeline("kv_store", "main", BS=pg.block_size)
+    p = _params(kernels, pack_kv_store(kv_heads, head_dim, v_head_dim, pg.blocks_per_seq), params, "kv_store")
+    return Dispatch(pipe, kernels.bind(pipe, [p, k, v, kcache, vcache, pg.state, pg.rows, pg.table]),
+                    (kv_heads, T, 1), "kv_store")
 
 
 def attention_dispatch(
-    kernels: Kernels, q, kcache, vcache, out, state, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+    kernels: Kernels, q, kcache, vcache, out, pg: Paging, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     scale: float, window: int | None, softcap: float | None, T: int, params=None, kv_max: int = 0, xq=None,
 ) -> Dispatch:
-    """One workgroup per (head, token) over all its keys; kv_max > 0: idle when
-    the batch's last token sees more keys (split-K runs then). `xq`: the
+    """One workgroup per (head, row) over all the keys of the row's sequence;
+    kv_max > 0: idle for rows that see more keys (split-K takes those). `xq`: the
     output is also written there rounded (kernels_q8 layout; q8_out_consts)."""
     if n_heads % kv_heads:
         raise ValueError(f"{n_heads} query heads do not share {kv_heads} kv heads evenly")
     if head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > ATTN_MAX_HEAD_DIM:
         raise ValueError(f"attention needs head_dim % 8 == 0, v_head_dim % 4 == 0, both at most {ATTN_MAX_HEAD_DIM}")
-    pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max, **q8_out_consts(xq, n_heads, v_head_dim, 6))
-    data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap)
+    pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max, BS=pg.block_size,
+                            **q8_out_consts(xq, n_heads, v_head_dim, 8))
+    data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
+                          blocks_per_seq=pg.blocks_per_seq)
     p = _params(kernels, data, params, "attention")
-    res = [p, q, kcache, vcache, out, state] + ([xq] if xq is not None else [])
+    res = [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table] + ([xq] if xq is not None else [])
     return Dispatch(pipe, kernels.bind(pipe, res), (n_heads, T, 1), "attention")
 
 
@@ -199,16 +262,16 @@ def softcap_dispatch(kernels: Kernels, x, n: int, cap: float, params=None) -> Di
 ARGMAX_SLICE = 2048  # values per workgroup of the first argmax pass
 
 
-def argmax_dispatches(kernels: Kernels, x, out, n: int) -> list[Dispatch]:
-    """out[0] = argmax(x[:n]) (lowest index on ties): a pass per slice, then one merge."""
+def argmax_dispatches(kernels: Kernels, x, out, n: int, rows: int = 1) -> list[Dispatch]:
+    """out[r] = argmax(x[r n : (r + 1) n]) for each of `rows` rows (lowest index on ties):
+    a pass per slice of every row, then one merge per row."""
     parts = max(1, -(-n // ARGMAX_SLICE))
     p = _params(kernels, pack_argmax(n, ARGMAX_SLICE, parts), None, "argmax")
-    best = storage(kernels.dev, parts * 8, label="argmax.best")
+    best = storage(kernels.dev, rows * parts * 8, label="argmax.best")
     last = kernels.pipeline("argmax", "merge")
-    return [
-        slice_maxima_dispatch(kernels, x, best, out, n, ARGMAX_SLICE, params=p),
-        Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, 1, 1), "argmax_merge"),
-    ]
+    first = slice_maxima_dispatch(kernels, x, best, out, n, ARGMAX_SLICE, params=p)
+    first = Dispatch(first.pipeline, first.bind_group, (parts, rows, 1), first.label)
+    return [first, Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, rows, 1), "argmax_merge")]
 
 
 def slice_maxima_dispatch(kernels: Kernels, x, best, out, n: int, per: int, params=None,

@@ -1,25 +1,26 @@
-"""The Q4_K GEMM on 8-bit activations (wgsl/gemm_q4_k.wgsl, "mmq") for batches of tokens.
+"""The int8 GEMM on 8-bit activations (wgsl/gemm_mmq.wgsl, "mmq") for batches of tokens.
 
 The batched GEMV (kernels_matmul) reads every weight once per token; the f32
 GEMM (kernels_gemm) reuses weights across tokens but dequantizes them to f32
 and multiplies in f32. This kernel does both: a tile of BN weight rows x BT
-tokens multiplies the nibbles with the int8 activations of kernels_q8 by
-dot4I8Packed, so a prefill reads the weights ceil(T / BT) times and does the
-GEMV's integer arithmetic. It reads the same q8 scratch as the GEMV (one
+tokens multiplies int8 weight lanes with the int8 activations of kernels_q8
+by dot4I8Packed, so a prefill reads the weights ceil(T / BT) times and does
+integer arithmetic. One kernel serves every type in READERS: its block
+reader (wgsl/mmq_TYPE.wgsl) turns blocks into int8 lanes and per-32-value
+scales as they are staged. It reads the same q8 scratch as the GEMV (one
 quantize or rmsnorm_q8 feeds q, k, v or gate, up) and the same weight
 uploads (row chunks, the stacked q|k|v buffer), with the GEMV's epilogues:
 bias, the fused residual add, the q|k|v split and the gate||up pair.
 
-On the H200 it took the synthetic 8B's pp512 from 406 to 1289 t/s and the
-1B's from 2746 to 8057 (perf/h200/prefill-mmq-2026-12-01.json).
+Q4_K (before the reader split, nibbles staged as such) took the synthetic
+8B's pp512 on the H200 from 406 to 1289 t/s and the 1B's from 2746 to 8057
+(perf/h200/prefill-mmq-2026-12-01.json).
 
-Selection (use_mmq): Q4_K matrices (K % 256 == 0) in batches of T >= MMQ_MIN_T
-tokens, on every adapter (INFR_MMQ_MIN_T overrides; 0 disables the kernel).
-On lavapipe it beats the f32 GEMM it replaces there 2.4-2.8x (perf/mmq_bench.py
---scale 4 --T 64 --gemm: 1024x1024 18.8 vs 47.3 ms, the 3584x1024 pair 127 vs
-342 ms, 1024x3584 63.6 vs 179 ms). Smaller batches keep their kernels (the
-GEMV; on CPU adapters the f32 GEMM from 8 tokens). Tile shape: MmqTuning
-(INFR_MMQ_* env overrides).
+Selection (use_mmq): a READERS type whose matmuls round their activations
+(infr.numerics.takes_q8), K % 256 == 0, in batches of T >= min_t tokens, on
+every adapter. Smaller batches keep their kernels (the GEMV; on CPU adapters
+the f32 GEMM from 8 tokens). The knobs (tile list, min_t, runtime checks)
+are read from INFR_MMQ_* once per device (MmqTuning.from_env, device_tuning).
 """
 
 from __future__ import annotations
@@ -32,206 +33,318 @@ from gguf import GGMLQuantizationType as Q
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.numerics import takes_q8
+
+# Types with a block reader wgsl/mmq_TYPE.wgsl -> the workgroup bytes the reader declares itself.
+READERS = {
+    Q.Q4_K: 0,
+    Q.Q6_K: 0,
+    Q.Q8_0: 0,
+    Q.Q5_0: 0,
+    Q.Q5_K: 0,
+    Q.Q4_0: 0,
+    Q.Q4_1: 0,
+    Q.Q5_1: 0,
+    Q.IQ4_NL: 1024,  # the code book, a byte at a time (mmq_iq4.wgsl)
+    Q.IQ4_XS: 1024,
+}
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens
 # (too few workgroups, each a long K loop), and on the H200 the GEMV won at 16
 # tokens (8B 369 vs 265 t/s, 1B 1861 vs 1151) and lost from 32 (8B 395 vs 523;
 # 1B even); perf/h200/prefill-mmq-2026-12-01.json. Decode (T = 1) keeps the GEMV.
 MMQ_MIN_T = 32
-
-
-def min_tokens() -> int:
-    """The smallest batch that takes the kernel (INFR_MMQ_MIN_T; 0 there: never)."""
-    v = os.environ.get("INFR_MMQ_MIN_T")
-    if v is None or v == "":
-        return MMQ_MIN_T
-    return int(v) if int(v) > 0 else 1 << 30
+MIN_GROUPS = 256
 
 
 def applies(tensor) -> bool:
-    """A matrix the kernel multiplies: Q4_K, whole 256-value blocks per row."""
-    return Q(int(tensor.qtype)) == Q.Q4_K and int(tensor.shape[-1]) % 256 == 0
-
-
-def use_mmq(T: int, dev=None, tensor=None) -> bool:
-    """Whether a batch of T tokens times `tensor` (None: any Q4_K matrix) runs
-    this kernel on `dev`. The same rule on every adapter: on lavapipe it beat
-    the f32 GEMM that runs batches there at T = 16 and 64 alike, and the GEMV
-    2.5-5x at T = 64 (module docstring); on the H200 the GEMV wins below 32
-    tokens (MMQ_MIN_T). `dev` is unused: the place for a per-adapter rule."""
-    if tensor is not None and not applies(tensor):
-        return False
-    return T >= min_tokens()
+    """A matrix the kernel can multiply: a READERS type, whole 256-value groups per row."""
+    return Q(int(tensor.qtype)) in READERS and int(tensor.shape[-1]) % 256 == 0
 
 
 @dataclass(frozen=True)
-class MmqTuning:
-    """Tile of BN weight rows x BT tokens, RM x RT sums per invocation
-    ((BN / RM) * (BT / RT) invocations), SUB 32-value sub-blocks staged per
-    barrier pair (8: a whole block; 4: half; 0: the largest that fits the
-    device's workgroup memory), PREFETCH 1: the next stage's global loads
-    issued into registers before this stage's products (more registers).
-    INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH override.
-
-    On the H200 (perf/mmq_bench.py, the 8B shapes at T = 512,
-    perf/h200/mmq-bench-2026-12-01.json) 128 x 64 with 8 x 4 sums and whole
-    blocks per stage ran at 19-20 TFLOP/s, 64 x 64 with 4 x 4 at 16-18, 128 x 128
-    at 15-18; PREFETCH lost 1-10 %. A device with less workgroup memory than
-    the 128-row tile's half-block stages (22.5 KB) takes 64 x 64 (16 KB)."""
+class MmqTile:
+    """One compiled shape: BN weight rows x BT tokens per workgroup, RM x RT
+    sums per invocation ((BN / RM) * (BT / RT) invocations), SUB 32-value
+    sub-blocks staged per stage (0: the largest of 8, 4, 2 that fits the
+    device's workgroup memory), PREFETCH (0: one buffer, two barriers per
+    stage; 1: two buffers, stage n + 1 written while n is multiplied; 2: as 1
+    with stage n + 1's global loads in registers across the products),
+    UNCHECKED 1: the module compiled without wgpu's runtime checks."""
 
     BN: int = 128
     BT: int = 64
-    RM: int = 8
-    RT: int = 4
+    RM: int = 4
+    RT: int = 8
     SUB: int = 0
     PREFETCH: int = 0
+    UNCHECKED: int = 0
 
     @property
     def invocations(self) -> int:
         return (self.BN // self.RM) * (self.BT // self.RT)
 
-    def shared_bytes(self, sub: int) -> int:
-        """Workgroup memory of gemm_q4_k.wgsl's tiles (its unused `partial` is not counted by wgpu)."""
-        return sub * (24 * self.BN + 40 * self.BT)
+    def shared_bytes(self, sub: int | None = None, extra: int = 0) -> int:
+        """Workgroup memory of gemm_mmq.wgsl's tiles: per buffer and sub-block
+        32 + 8 bytes per row (int8 lanes, scales) and per token (q, d and s)."""
+        sub = self.SUB if sub is None else sub
+        return sub * 40 * (self.BN + self.BT) * (2 if self.PREFETCH else 1) + extra
 
-    @classmethod
-    def for_device(cls, dev=None) -> MmqTuning:
-        env = {k: int(os.environ[f"INFR_MMQ_{k}"]) for k in ("BN", "BT", "RM", "RT", "SUB", "PREFETCH")
-               if os.environ.get(f"INFR_MMQ_{k}")}
-        limits = getattr(dev, "limits", None) or {}
-        mem = int(limits.get("max-compute-workgroup-storage-size", 16384))
-        if "BN" not in env and "RM" not in env and cls().shared_bytes(4) > mem:
-            env.update(BN=64, RM=4)  # the smaller tile fits WebGPU's default 16 KB
-        return cls(**env).resolved(dev)
-
-    def resolved(self, dev=None) -> MmqTuning:
-        """This tuning checked against the device's limits, with SUB chosen when 0."""
+    def resolved(self, dev=None, extra: int = 0) -> MmqTile:
+        """This tile checked against the device's limits, with SUB chosen when 0."""
         limits = getattr(dev, "limits", None) or {}
         mem = int(limits.get("max-compute-workgroup-storage-size", 16384))
         inv = int(limits.get("max-compute-invocations-per-workgroup", 256))
         t = self
         if t.SUB == 0:
-            t = replace(t, SUB=8 if t.shared_bytes(8) <= mem else 4)
+            t = replace(t, SUB=next((s for s in (8, 4, 2) if t.shared_bytes(s, extra) <= mem), 2))
         ok = (
-            t.BN % t.RM == 0 and t.BT % t.RT == 0 and t.RM % 2 == 0 and t.SUB in (4, 8)
-            and 32 <= t.invocations <= inv and t.shared_bytes(t.SUB) <= mem and t.PREFETCH in (0, 1)
+            t.BN % t.RM == 0 and t.BT % t.RT == 0 and t.RM % 2 == 0 and t.SUB in (2, 4, 8)
+            and 32 <= t.invocations <= inv and t.shared_bytes(None, extra) <= mem
+            and t.PREFETCH in (0, 1, 2) and t.UNCHECKED in (0, 1)
         )
         if not ok:
-            raise ValueError(f"bad mmq tuning {t}: needs BN % RM == BT % RT == 0, RM even, SUB 4 or 8, "
+            raise ValueError(f"bad mmq tile {t}: needs BN % RM == BT % RT == 0, RM even, SUB 2, 4 or 8, "
                              f"32..{inv} invocations, at most {mem} bytes of workgroup memory")
         return t
 
+    @classmethod
+    def parse(cls, spec: str) -> MmqTile:
+        """'BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]]'."""
+        return cls(*map(int, spec.split(",")))
 
-# Tiles tried in order for a product (kernels from the H200 sweep): the first
-# that gives at least MIN_GROUPS workgroups, else the one giving the most. On
-# the H200 a 4096-row matrix at T = 128 made only 64 workgroups of the 128 x 64
-# tile and ran no faster than at T = 4 (1.5 ms for 4096 x 14336).
-TILES = ((128, 64, 8, 4), (64, 64, 4, 4), (64, 32, 4, 2))
-MIN_GROUPS = 256
-
-
-def tuning_for(kernels: Kernels, n_out: int, T: int, pair: bool = False) -> MmqTuning:
-    """The tile for n_out output rows x T tokens: INFR_MMQ_* when set, else from TILES."""
-    if any(os.environ.get(f"INFR_MMQ_{k}") for k in ("BN", "BT", "RM", "RT")):
-        return MmqTuning.for_device(kernels.dev)
-    best, best_groups = None, -1
-    for bn, bt, rm, rt in TILES:
-        try:
-            t = replace(MmqTuning.for_device(kernels.dev), BN=bn, BT=bt, RM=rm, RT=rt, SUB=0).resolved(kernels.dev)
-        except ValueError:  # does not fit this device
-            continue
-        groups = -(-n_out // (bn // 2 if pair else bn)) * -(-T // bt)
-        if groups >= MIN_GROUPS:
-            return t
-        if groups >= best_groups:  # on a tie the smaller tile: less of it idle
-            best, best_groups = t, groups
-    if best is None:
-        raise ValueError("no mmq tile fits this device")
-    return best
+    @property
+    def spec(self) -> str:
+        return ",".join(map(str, (self.BN, self.BT, self.RM, self.RT, self.SUB, self.PREFETCH, self.UNCHECKED)))
 
 
-def mmq_pipeline(kernels: Kernels, pair_act: str | None = None, split: bool = False, tuning: MmqTuning | None = None):
-    """(the compiled kernel: plain, gate||up with `pair_act` or the q|k|v split;
-    the output rows and the tokens one workgroup covers)."""
-    t = tuning or MmqTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change
+# Tiles tried in order for a product: the first that gives at least
+# MIN_GROUPS workgroups, else the one giving the most. On the H200 a 4096-row
+# matrix at T = 128 made only 64 workgroups of a 128 x 64 tile and ran no
+# faster than at T = 4 (1.5 ms for 4096 x 14336). 4 x 8 sums per invocation
+# rather than the nibble kernel's best 8 x 4: about 40 fewer registers for the
+# staged rows (32 sums either way), so two 256-invocation workgroups may share
+# a multiprocessor; an estimate until perf/mmq_bench.py's sweep runs there.
+TILES = (MmqTile(128, 64, 4, 8), MmqTile(64, 64, 4, 4), MmqTile(64, 32, 4, 2))
+
+
+def _tiles(spec: str) -> tuple[MmqTile, ...]:
+    return tuple(MmqTile.parse(s) for s in spec.split())
+
+
+@dataclass(frozen=True)
+class MmqTuning:
+    """The kernel's knobs for one device, read once (from_env; device_tuning
+    caches one per device): the smallest batch that takes the kernel, the
+    tiles tried by grid size (per type where `per_type` names one) and the
+    workgroups a tile must give to be taken."""
+
+    min_t: int = MMQ_MIN_T
+    tiles: tuple[MmqTile, ...] = TILES
+    per_type: tuple[tuple[str, tuple[MmqTile, ...]], ...] = ()  # ("Q6_K", tiles), ...
+    min_groups: int = MIN_GROUPS
+
+    @classmethod
+    def from_env(cls, env=None) -> MmqTuning:
+        """INFR_MMQ_MIN_T (0: never), INFR_MMQ_TILES ("BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."),
+        INFR_MMQ_TILES_<TYPE> (one type's list), INFR_MMQ_MIN_GROUPS, INFR_MMQ_UNCHECKED=1 (every
+        tile), and INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH: one tile for every product."""
+        env = os.environ if env is None else env
+        get = lambda k: env.get(f"INFR_MMQ_{k}") or None
+        t = cls()
+        if get("MIN_T") is not None:
+            t = replace(t, min_t=int(get("MIN_T")) if int(get("MIN_T")) > 0 else 1 << 30)
+        if get("MIN_GROUPS") is not None:
+            t = replace(t, min_groups=int(get("MIN_GROUPS")))
+        if get("TILES"):
+            t = replace(t, tiles=_tiles(get("TILES")))
+        pins = {k: int(get(k)) for k in ("BN", "BT", "RM", "RT", "SUB", "PREFETCH") if get(k) is not None}
+        if pins:
+            t = replace(t, tiles=(replace(t.tiles[0], **pins),))
+        t = replace(t, per_type=tuple(sorted((Q[k[len("INFR_MMQ_TILES_"):].upper()].name, _tiles(v))
+                                             for k, v in env.items() if k.startswith("INFR_MMQ_TILES_") and v)))
+        if get("UNCHECKED") == "1":
+            t = t.map_tiles(lambda tile: replace(tile, UNCHECKED=1))
+        return t
+
+    def map_tiles(self, f) -> MmqTuning:
+        return replace(self, tiles=tuple(map(f, self.tiles)),
+                       per_type=tuple((n, tuple(map(f, ts))) for n, ts in self.per_type))
+
+    def tiles_for(self, qtype) -> tuple[MmqTile, ...]:
+        name = Q(int(qtype)).name
+        return next((ts for n, ts in self.per_type if n == name), self.tiles)
+
+    def tile_for(self, dev, qtype, n_out: int, T: int, pair: bool = False) -> MmqTile:
+        """The tile for n_out output rows x T tokens of `qtype`: the first of
+        tiles_for(qtype) that fits the device and gives min_groups workgroups,
+        else the fitting one giving the most (on a tie the later, smaller one)."""
+        best, best_groups = None, -1
+        for tile in self.tiles_for(qtype):
+            try:
+                t = tile.resolved(dev, READERS.get(Q(int(qtype)), 0))
+            except ValueError:  # does not fit this device
+                continue
+            groups = -(-n_out // (t.BN // 2 if pair else t.BN)) * -(-T // t.BT)
+            if groups >= self.min_groups:
+                return t
+            if groups >= best_groups:
+                best, best_groups = t, groups
+        if best is None:
+            raise ValueError(f"no mmq tile of {self.tiles_for(qtype)} fits this device")
+        return best
+
+
+_DEFAULT: list[MmqTuning] = []
+
+
+def device_tuning(dev=None) -> MmqTuning:
+    """The device's tuning: MmqTuning.from_env() the first time, cached on the device after."""
+    t = getattr(dev, "_mmq_tuning", None) if dev is not None else (_DEFAULT[0] if _DEFAULT else None)
+    if t is None:
+        t = MmqTuning.from_env()
+        set_tuning(dev, t)
+    return t
+
+
+def set_tuning(dev, tuning: MmqTuning | None) -> MmqTuning | None:
+    """Replace the device's cached tuning (None: read the environment again at
+    the next use); returns the one it had. For benchmarks and tests."""
+    old = getattr(dev, "_mmq_tuning", None) if dev is not None else (_DEFAULT[0] if _DEFAULT else None)
+    if dev is None:
+        _DEFAULT[:] = [tuning] if tuning is not None else []
+    else:
+        setattr(dev, "_mmq_tuning", tuning)
+    return old
+
+
+def min_tokens(dev=None) -> int:
+    """The smallest batch that takes the kernel (INFR_MMQ_MIN_T; 0 there: never)."""
+    return device_tuning(dev).min_t
+
+
+def use_mmq(T: int, dev=None, tensor=None) -> bool:
+    """Whether a batch of T tokens times `tensor` (None: the batch size alone)
+    runs this kernel on `dev`: a type with a reader whose matmuls multiply
+    rounded activations (takes_q8: the CPU reference rounds them for those
+    types only), in batches of min_t tokens or more, on every adapter (on
+    lavapipe Q4_K beat the f32 GEMM that runs batches there at T = 16 and
+    64 alike; on the H200 the GEMV wins below 32 tokens)."""
+    if tensor is not None and not (applies(tensor) and takes_q8(tensor.qtype)):
+        return False
+    return T >= min_tokens(dev)
+
+
+def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile, pair_act: str | None = None, split: bool = False):
+    """(the compiled kernel for `qtype`: plain, gate||up with `pair_act` or
+    the q|k|v split; the output rows and the tokens one workgroup covers)."""
+    t = tile.resolved(kernels.dev, READERS[Q(int(qtype))])
     pair = pair_act is not None
     consts = {
-        "BN": t.BN, "BT": t.BT, "RM": t.RM, "RT": t.RT, "SUB": t.SUB, "PREFETCH": str(bool(t.PREFETCH)).lower(),
+        "QTYPE": KM.wgsl_name(qtype), "BN": t.BN, "BT": t.BT, "RM": t.RM, "RT": t.RT, "SUB": t.SUB,
+        "PREFETCH": t.PREFETCH, "NB": 2 if t.PREFETCH else 1,
+        "SWR": 7 if (t.BN // t.RM) % 8 == 0 else 0, "SWT": 7 if (t.BT // t.RT) % 8 == 0 else 0,
         "PAIR": str(pair).lower(), "GELU": str(pair_act == "gelu").lower(),
         "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
+        "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
         "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
     }
-    return kernels.pipeline("gemm_q4_k", "main", **consts), (t.BN // 2 if pair else t.BN), t.BT
+    pipe = kernels.pipeline("gemm_mmq", "main", unchecked=bool(t.UNCHECKED), **consts)
+    return pipe, (t.BN // 2 if pair else t.BN), t.BT
 
 
-def _params(K: int, rows: int, row0: int, N_out: int, T: int, bias: bool, resid: bool, split1=0, split2=0):
-    rb = KM.row_bytes(Q.Q4_K, K)
-    return KM.params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N_out, bias, T, resid, split1, split2)
+def _params(q, K: int, rows: int, row0: int, N_out: int, T: int, bias: bool, resid: bool, split1=0, split2=0):
+    return KM.params_matmul(K, rows, row0, KM.row_bytes(q, K), KQ.words(K) // 4, N_out, bias, T, resid,
+                            split1, split2)
+
+
+def _check(w, K: int) -> Q:
+    if not applies(w):
+        raise ValueError(f"mmq multiplies {'/'.join(q.name for q in READERS)} rows of whole 256-value groups, "
+                         f"not {Q(int(w.qtype)).name} K={K}")
+    return Q(int(w.qtype))
+
+
+def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False) -> MmqTile:
+    return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)
 
 
 def mmq_dispatches(kernels: Kernels, w, chunks, xq, y, bias, T: int, resid=None, y_stride: int | None = None,
-                   tuning: MmqTuning | None = None) -> list[Dispatch]:
+                   tile: MmqTile | None = None) -> list[Dispatch]:
     """y[t] = W @ x[t] (+ bias) (+ resid[t]) for t < T, one dispatch per weight
     chunk; `xq` holds x rounded (kernels_q8: quantize_dispatch or rmsnorm_q8),
     `chunks` is upload_weight's list, `resid` laid out like y (not y itself)."""
     K, N = int(w.shape[-1]), int(w.shape[0])
-    if not applies(w):
-        raise ValueError(f"mmq multiplies Q4_K rows of whole 256-value blocks, not {Q(int(w.qtype)).name} K={K}")
+    q = _check(w, K)
     if sum(rows for _, _, rows in chunks) != N:
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
-    pipe, rows_wg, bt = mmq_pipeline(kernels, tuning=tuning or tuning_for(kernels, max(r for _, _, r in chunks), T))
+    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks), T)
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile)
     none = KM._no_bias(kernels)
-    rb = KM.row_bytes(Q.Q4_K, K)
+    rb = KM.row_bytes(q, K)
     out = []
     for buf, row0, rows in chunks:
-        p = storage(kernels.dev, _params(K, rows, row0, y_stride or N, T, bias is not None, resid is not None),
+        p = storage(kernels.dev, _params(q, K, rows, row0, y_stride or N, T, bias is not None, resid is not None),
                     label="mmq.params", uniform=True)
         bind = kernels.bind(pipe, [p, buf, xq, y, bias if bias is not None else none,
                                    resid if resid is not None else none])
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
-        out.append(Dispatch(pipe, bind, groups, f"mmq_q4_k {N}x{K}", groups[1] * rows * rb))
+        out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)} {N}x{K}", groups[1] * rows * rb))
     return out
 
 
+def can_pair(wg, wu, chunks_g, chunks_u) -> bool:
+    """Gate and up of one mmq type and shape, uploaded in the same row chunks."""
+    return (
+        applies(wg) and Q(int(wg.qtype)) == Q(int(wu.qtype)) and tuple(wg.shape) == tuple(wu.shape)
+        and [(r0, n) for _, r0, n in chunks_g] == [(r0, n) for _, r0, n in chunks_u]
+    )
+
+
 def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act, T: int,
-                       tuning: MmqTuning | None = None) -> list[Dispatch] | None:
+                       tile: MmqTile | None = None) -> list[Dispatch] | None:
     """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk pair, or
-    None where the pair cannot be fused (kernels_matmul.can_fuse_gate_up)."""
-    if not (applies(wg) and KM.can_fuse_gate_up(wg, wu, chunks_g, chunks_u)):
+    None where the pair cannot be fused (can_pair)."""
+    if not can_pair(wg, wu, chunks_g, chunks_u):
         return None
     K, N = int(wg.shape[-1]), int(wg.shape[0])
-    pipe, rows_wg, bt = mmq_pipeline(kernels, pair_act=getattr(act, "value", act),
-                                     tuning=tuning or tuning_for(kernels, max(r for _, _, r in chunks_g), T, pair=True))
+    q = Q(int(wg.qtype))
+    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks_g), T, pair=True)
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act))
     none = KM._no_bias(kernels)
-    rb = KM.row_bytes(Q.Q4_K, K)
+    rb = KM.row_bytes(q, K)
     out = []
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
-        p = storage(kernels.dev, _params(K, rows, row0, N, T, False, False), label="mmq.gate_up.params", uniform=True)
+        p = storage(kernels.dev, _params(q, K, rows, row0, N, T, False, False), label="mmq.gate_up.params",
+                    uniform=True)
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
         bind = kernels.bind(pipe, [p, bg, xq, y, none, none, bu])
-        out.append(Dispatch(pipe, bind, groups, f"mmq_q4_k_gate_up {N}x{K}", 2 * groups[1] * rows * rb))
+        out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)}_gate_up {N}x{K}", 2 * groups[1] * rows * rb))
     return out
 
 
 def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
-                       tuning: MmqTuning | None = None) -> list[Dispatch]:
-    """ys[i][t] = W_i @ x[t] (+ bias) for matrices uploaded stacked
+                       tile: MmqTile | None = None) -> list[Dispatch]:
+    """ys[i][t] = W_i @ x[t] (+ bias) for matrices of one type uploaded stacked
     (kernels_matmul.upload_stacked) in one dispatch; `bias` holds every
     matrix's rows (zeros where one has none) or is None."""
     K = int(tensors[0].shape[-1])
+    q = _check(tensors[0], K)
+    if any(Q(int(t.qtype)) != q or int(t.shape[-1]) != K for t in tensors):
+        raise ValueError("stacked mmq matrices need one type and one K")
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
-    pipe, rows_wg, bt = mmq_pipeline(kernels, split=True, tuning=tuning or tuning_for(kernels, N, T))
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile or _tile(kernels, q, N, T), split=True)
     (buf, _, _), = chunks
     none = KM._no_bias(kernels)
-    p = storage(kernels.dev, _params(K, N, 0, N, T, bias is not None, False, split1, split2),
+    p = storage(kernels.dev, _params(q, K, N, 0, N, T, bias is not None, False, split1, split2),
                 label="mmq.qkv.params", uniform=True)
     # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
     outs = list(ys) + [storage(kernels.dev, 16, label="mmq.no_output") for _ in range(3 - len(ys))]
     bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
     groups = (-(-N // rows_wg), -(-T // bt), 1)
-    label = f"mmq_q4_k_stacked {'+'.join(map(str, sizes))}x{K}"
-    return [Dispatch(pipe, bind, groups, label, groups[1] * N * KM.row_bytes(Q.Q4_K, K))]
+    label = f"mmq_{KM.wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
+    return [Dispatch(pipe, bind, groups, label, groups[1] * N * KM.row_bytes(q, K))]

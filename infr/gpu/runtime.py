@@ -74,14 +74,21 @@ class Kernels:
         self._cache: dict[tuple, object] = {}
         self.compile_seconds = 0.0
 
-    def pipeline(self, name: str, entry: str = "main", **consts: object):
-        key = (name, entry, tuple(sorted(consts.items())))
+    def pipeline(self, name: str, entry: str = "main", unchecked: bool = False, **consts: object):
+        """The compiled `entry` of wgsl/NAME.wgsl; `unchecked`: without wgpu's
+        runtime checks (see unchecked_module), for kernels whose every index is
+        in range by construction."""
+        key = (name, entry, unchecked, tuple(sorted(consts.items())))
         pipe = self._cache.get(key)
         if pipe is None:
             import time
 
             t0 = time.perf_counter()
-            module = self.dev.device.create_shader_module(label=name, code=load_source(name, consts))
+            code = load_source(name, consts)
+            if unchecked:
+                module = unchecked_module(self.dev.device, name, code)
+            else:
+                module = self.dev.device.create_shader_module(label=name, code=code)
             pipe = self.dev.device.create_compute_pipeline(
                 label=f"{name}:{entry}", layout="auto", compute={"module": module, "entry_point": entry}
             )
@@ -99,6 +106,26 @@ class Kernels:
             else:
                 entries.append({"binding": i, "resource": {"buffer": res, "offset": 0, "size": res.size}})
         return self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+
+def unchecked_module(device, label: str, code: str):
+    """A WGSL module compiled without wgpu's runtime checks: no clamping of
+    array indices and no iteration counter in every loop (naga adds both by
+    default). wgpu-native's wgpuDeviceCreateShaderModuleTrusted, which the
+    wgpu Python API does not wrap, so it is called through its FFI."""
+    from wgpu.backends.wgpu_native import _api
+    from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+    src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    src[0].chain.next = ffi.NULL
+    src[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    desc = _api.new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", src),
+                             label=_api.to_c_string_view(label))
+    checks_none = 0  # WGPUShaderRuntimeChecks_None
+    handle = _api.libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, checks_none)
+    if handle == ffi.NULL:
+        raise RuntimeError(f"shader module {label!r} creation failed")
+    return _api.GPUShaderModule(label, handle, device)
 
 
 @dataclass

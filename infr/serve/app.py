@@ -82,7 +82,7 @@ def get_model(request: Request, name: FromPath[str]) -> dict:
 @get("/metrics", guards=[require_key], sync_to_thread=False, media_type="text/plain; version=0.0.4")
 def metrics(request: Request) -> str:
     svc = _svc(request)
-    return svc.metrics.render(svc.pool)
+    return svc.metrics.render(svc.model.engine if svc.model is not None else None)
 
 
 # ---------------------------------------------------------------- tokenize

@@ -1,8 +1,10 @@
-"""The token loop for one request on one slot, run in a worker thread.
+"""One request's side of the engine: its stop strings, grammar and logprobs.
 
-Drives Session.prefill / Session.decode directly (not Session.generate) because the server
-needs the logits: for logprobs, and to mask them for constrained decoding. Results go out
-through `emit` as small dicts; the caller turns them into OpenAI chunks.
+The engine (infr/scheduler.py) runs every request's rows in shared steps on
+its own thread; `Tracker` turns each sampled token into text events for one
+request as the engine hands it over, says when a stop string or a finished
+grammar ends it, and sums up the outcome. Events go out through `emit` as
+small dicts; the caller turns them into OpenAI chunks.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infr.engine import common_prefix
-from infr.sampling import Sampler, SamplingParams, log_softmax, top_logprobs
+from infr.sampling import SamplingParams, log_softmax, top_logprobs
+from infr.scheduler import Request
 from infr.serve.text import StopFilter
 
 
@@ -29,6 +31,7 @@ class Job:
     constraint: object | None = None  # grammar.Constraint
     forced: list[int] = field(default_factory=list)  # tokens the server writes before sampling
     cache_prompt: bool = True
+    ignore_eos: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -38,7 +41,7 @@ class Outcome:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     completion_tokens: int = 0
-    ttft: float = 0.0  # seconds from start of work to the first sampled token
+    ttft: float = 0.0  # seconds from submission to the first sampled token
     gen_seconds: float = 0.0
     cancelled: bool = False
 
@@ -53,64 +56,48 @@ def token_entry(tok, token: int, logits: np.ndarray, lsm: np.ndarray, k: int) ->
     return entry
 
 
-def run(session, tokenizer, job: Job, emit: Callable[[dict], None]) -> Outcome:
-    """Generate for `job` on `session`; calls emit({"text": str, "logprobs": [...]}) as text is
-    released. Stops at EOG, a stop string, a finished grammar, max_tokens, a full context or
-    `job.cancel`. The session's KV cache keeps prompt + output for the next request."""
-    out = Outcome(prompt_tokens=len(job.prompt))
-    n_ctx = session.model.n_ctx
-    if job.cancel.is_set():  # the client left while the request waited for the backend
-        out.cancelled, out.finish_reason = True, "cancelled"
-        return out
-    if not job.cache_prompt:
-        session.reset()
-    t0 = time.perf_counter()
-    before = common_prefix(session.tokens, job.prompt + job.forced)
-    logits = session.prefill(job.prompt + job.forced)
-    out.reused_tokens = min(before, len(job.prompt) + len(job.forced) - 1)
-    con = job.constraint
-    sampler = Sampler(job.params, logits.shape[0])
-    stream = tokenizer.stream(skip_special=True)
-    stops = StopFilter(job.stops)
-    pending: list[dict] = []  # logprob entries of tokens whose text is still held back
-    t_first = None
-    for i in range(job.max_tokens):
-        if job.cancel.is_set():
-            out.cancelled, out.finish_reason = True, "cancelled"
-            break
-        x = con.mask(logits) if con is not None else logits
-        token = sampler.sample(x, session.tokens)
-        if t_first is None:
-            t_first = time.perf_counter()
-            out.ttft = t_first - t0
-        if tokenizer.is_eog(token):
-            out.finish_reason = "stop"
-            break
-        out.completion_tokens += 1
+class Tracker:
+    """Follows one job's tokens (on the engine thread) and finishes its text (on the caller's)."""
+
+    def __init__(self, tokenizer, job: Job, emit: Callable[[dict], None]):
+        self.tok, self.job, self.emit = tokenizer, job, emit
+        self.stream = tokenizer.stream(skip_special=True)
+        self.stops = StopFilter(job.stops)
+        self.pending: list[dict] = []  # logprob entries of tokens whose text is still held back
+
+    def request(self, on_done: Callable[[], None] | None = None) -> Request:
+        job, con = self.job, self.job.constraint
+        return Request(job.prompt + job.forced, job.params, max_new=job.max_tokens, on_token=self.on_token,
+                       mask=con.bitmask if con is not None else None, want_logits=job.logprobs is not None,
+                       cache_prompt=job.cache_prompt, ignore_eos=job.ignore_eos, on_done=on_done)
+
+    def on_token(self, token: int, logits: np.ndarray | None) -> bool:
+        """True ends the request: a stop string, a finished grammar, or the client left."""
+        job, con = self.job, self.job.constraint
         if con is not None:
             con.consume(token)
-        if job.logprobs is not None:
-            pending.append(token_entry(tokenizer, token, logits, log_softmax(logits), job.logprobs))
-        text = stops.push(stream.push(token))
-        if text or stops.hit is not None:
-            emit({"text": text, "logprobs": pending})
-            pending = []
-        if stops.hit is not None:
+        if job.logprobs is not None and logits is not None:
+            self.pending.append(token_entry(self.tok, token, logits, log_softmax(logits), job.logprobs))
+        text = self.stops.push(self.stream.push(token))
+        if text or self.stops.hit is not None:
+            self.emit({"text": text, "logprobs": self.pending})
+            self.pending = []
+        return self.stops.hit is not None or (con is not None and con.done) or job.cancel.is_set()
+
+    def outcome(self, req: Request) -> tuple[Outcome, dict | None]:
+        """After the request is done: what happened, and the held-back text's event (or None)."""
+        out = Outcome(prompt_tokens=len(self.job.prompt), reused_tokens=req.cached_tokens or 0,
+                      completion_tokens=len(req.output))
+        out.cancelled = req.finish_reason == "cancelled" or self.job.cancel.is_set()
+        out.finish_reason = "cancelled" if out.cancelled else req.finish_reason or "stop"
+        if self.stops.hit is not None:
             out.finish_reason = "stop"
-            break
-        if con is not None and con.done:
-            out.finish_reason = "stop"
-            break
-        if len(session.tokens) + 1 >= n_ctx or i == job.max_tokens - 1:
-            out.finish_reason = "length"
-            break
-        logits = session.decode(token)
-    else:
-        out.finish_reason = "length"
-    if stops.hit is None and not out.cancelled:
-        tail = stops.push(stream.flush()) + stops.flush()
-        if tail or pending:
-            emit({"text": tail, "logprobs": pending})
-    if t_first is not None:
-        out.gen_seconds = time.perf_counter() - t_first
-    return out
+        if req.t_first is not None:
+            out.ttft = req.t_first - req.t_submit
+            out.gen_seconds = time.perf_counter() - req.t_first
+        tail = None
+        if self.stops.hit is None and not out.cancelled:
+            text = self.stops.push(self.stream.flush()) + self.stops.flush()
+            if text or self.pending:
+                tail = {"text": text, "logprobs": self.pending}
+        return out, tail

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from infr.sampling import unpack_mask
+
 from infr.serve.errors import APIError
 
 
@@ -81,13 +83,13 @@ class Constraint:
         self.matcher = matcher
         self.n_vocab = n_vocab
 
+    def bitmask(self) -> np.ndarray:
+        """The tokens allowed next, as a uint8 bitmask (bit i: token i): what a step's output row carries."""
+        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+
     def mask(self, logits: np.ndarray) -> np.ndarray:
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[0]].astype(bool)
-        if allowed.shape[0] < logits.shape[0]:  # model rows past the tokenizer's vocabulary
-            allowed = np.concatenate([allowed, np.zeros(logits.shape[0] - allowed.shape[0], bool)])
-        out = np.where(allowed, logits, np.float32(-np.inf)).astype(logits.dtype, copy=False)
-        return out
+        allowed = unpack_mask(self.bitmask(), logits.shape[0])
+        return np.where(allowed, logits, np.float32(-np.inf)).astype(logits.dtype, copy=False)
 
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):

@@ -99,6 +99,7 @@ class _Sampling(Struct, kw_only=True):
     n: int | None = None
     logit_bias: dict[str, float] | None = None
     cache_prompt: bool = True  # llama.cpp's switch for prefix reuse
+    ignore_eos: bool = False  # llama.cpp's and vLLM's: keep generating past end-of-generation tokens
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):

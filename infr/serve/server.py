@@ -15,8 +15,17 @@ SERVE_OPTIONS = {
     "api_key": ("INFR_API_KEY", str, None),
     "ctx": ("INFR_CTX", int, 4096),
     "parallel": ("INFR_PARALLEL", int, 1),
+    "batch_tokens": ("INFR_BATCH_TOKENS", int, 512),
+    "kv_size": ("INFR_KV_SIZE", int, None),
     "backend": ("INFR_BACKEND", str, "auto"),
     "alias": ("INFR_MODEL_ALIAS", str, None),
+}
+
+
+_HELP = {
+    "parallel": "sequences the engine runs at once (continuous batching) ",
+    "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
+    "kv_size": "KV cache capacity in tokens, shared by all sequences (default: ctx x parallel) ",
 }
 
 
@@ -25,7 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="MODEL as for `infr run` (default: the default offline model).")
     p.add_argument("model", nargs="?", help="model to serve (env INFR_MODEL)")
     for name, (env, typ, default) in SERVE_OPTIONS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"(env {env}; default {default})")
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"{_HELP.get(name, '')}"
+                       f"(env {env}; default {default})")
     p.add_argument("--device", type=int, default=None, help="GPU adapter number (env INFR_DEVICE)")
     return p
 
@@ -44,13 +54,18 @@ def config_from_args(args: argparse.Namespace):
         opts[name] = default if value is None else value
     if opts["parallel"] < 1:
         raise InfrError(f"--parallel must be >= 1, got {opts['parallel']}")
+    if opts["batch_tokens"] < opts["parallel"]:
+        raise InfrError(f"--batch-tokens ({opts['batch_tokens']}) must be at least --parallel ({opts['parallel']})")
+    if opts["kv_size"] is not None and opts["kv_size"] < 32:
+        raise InfrError(f"--kv-size must be >= 32 tokens, got {opts['kv_size']}")
     if opts["ctx"] < 16:
         raise InfrError(f"--ctx must be >= 16, got {opts['ctx']}")
     if not 0 <= opts["port"] <= 65535:
         raise InfrError(f"--port must be 0..65535, got {opts['port']}")
     model = args.model or os.environ.get("INFR_MODEL") or None
     return Config(model=model, host=opts["host"], port=opts["port"], api_key=opts["api_key"], ctx=opts["ctx"],
-                  parallel=opts["parallel"], backend=opts["backend"], model_alias=opts["alias"])
+                  parallel=opts["parallel"], batch_tokens=opts["batch_tokens"], kv_size=opts["kv_size"],
+                  backend=opts["backend"], model_alias=opts["alias"])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """The served model: loading, turning validated requests into generation jobs, running them
-on slots in worker threads, and the OpenAI response shapes."""
+on the engine's thread (continuous batching, infr/scheduler.py), and the OpenAI response shapes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from infr.serve.errors import APIError
 from infr.serve.grammar import Grammars, tool_call_schema
 from infr.serve.output import ChatOutput
 from infr.serve.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, check_unsupported, stop_list
-from infr.serve.slots import Metrics, SlotPool
+from infr.serve.metrics import Metrics
 from infr.serve.tools import FORCED_PREFIX, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
 
 log = logging.getLogger("infr.serve")
@@ -34,6 +34,8 @@ class Config:
     api_key: str | None = None
     ctx: int = 4096
     parallel: int = 1
+    batch_tokens: int = 512  # rows per engine step at most (chunked prefill)
+    kv_size: int | None = None  # KV pool capacity in tokens (default: ctx for each parallel sequence)
     backend: str = "auto"
     model_alias: str | None = None
 
@@ -49,52 +51,65 @@ class Service:
     def __init__(self, config: Config):
         self.config = config
         self.model = None
-        self.pool: SlotPool | None = None
         self.grammars: Grammars | None = None
         self.metrics = Metrics()
         self.load_error: str | None = None
         self.model_id = config.model_alias or (config.model or "default")
         self.names: set[str] = {self.model_id}
         self.created = int(time.time())
-        self.executor: ThreadPoolExecutor | None = None
         self._lifespans = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
-    # ---------------------------------------------------------------- loading
+    # ---------------------------------------------------------------- the engine thread
 
     def start_workers(self) -> None:
-        """One worker thread per slot; an app may run several lifespans over one service."""
+        """The engine thread (started once the model is loaded); an app may run several lifespans."""
         self._lifespans += 1
-        if self.executor is None:
-            self.executor = ThreadPoolExecutor(max_workers=self.config.parallel, thread_name_prefix="infr-slot")
 
     def stop_workers(self) -> None:
         self._lifespans -= 1
-        if self._lifespans == 0 and self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-            self.executor = None
+        if self._lifespans == 0 and self._thread is not None:
+            self._stop.set()
+            self.model.engine.wake()
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run_engine(self) -> None:
+        eng = self.model.engine
+        while not self._stop.is_set():
+            if not eng.wait_for_work(timeout=0.5):
+                continue
+            try:
+                eng.step()
+            except Exception as e:  # that step's requests end with an error; the server goes on
+                log.error("engine step failed: %s: %s", type(e).__name__, e)
 
     def load(self) -> None:
-        """Blocking: resolve and load the model, build the slots."""
+        """Blocking: resolve and load the model, start the engine thread."""
         from infr import store
         from infr.engine import Model
 
         resolve = getattr(store, "resolve_or_pull", store.resolve)
         path = Path(resolve(self.config.model))
         t0 = time.perf_counter()
-        model = Model(path, n_ctx=self.config.ctx, backend=self.config.backend)
-        self.pool = SlotPool(model, self.config.parallel)
+        cfg = self.config
+        model = Model(path, n_ctx=cfg.ctx, backend=cfg.backend, parallel=cfg.parallel, kv_tokens=cfg.kv_size,
+                      batch_tokens=cfg.batch_tokens)
         self.grammars = Grammars(model.tokenizer, model.spec.n_vocab)
         self.names |= {path.name, path.stem, str(path)}
         if self.config.model:
             self.names.add(self.config.model)
         self.model = model
         note = f" ({model.backend_note})" if model.backend_note else ""
-        log.info("loaded %s on %s in %.1fs%s; %d slot(s)", path.name, model.backend_name,
-                 time.perf_counter() - t0, note, len(self.pool.slots))
-        if self.pool.shared:
-            log.warning("the %s backend holds one KV cache: --parallel %d serves one request at a time, "
-                        "the others queue", model.backend_name, self.config.parallel)
+        pool = model.pool
+        log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
+                 "%.1f MiB), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
+                 cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size,
+                 pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, cfg.batch_tokens)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
+        self._thread.start()
 
     @property
     def ready(self) -> bool:
@@ -149,6 +164,9 @@ class Service:
                     if part.type != "text" or part.text is None:
                         raise APIError(400, f"messages[{i}].content: only text parts are supported, got "
                                             f"{part.type!r}", param=f"messages[{i}].content")
+            if m.content is None and not (m.role == "assistant" and m.tool_calls):
+                raise APIError(400, f"messages[{i}].content is required for a {m.role} message",
+                               param=f"messages[{i}].content")
             if m.role == "developer":
                 d["role"] = "system"
             messages.append(d)
@@ -198,7 +216,7 @@ class Service:
         job = generation.Job(
             prompt=prompt, params=self._params(req), max_tokens=budget, stops=stop_list(req.stop),
             logprobs=(req.top_logprobs or 0) if req.logprobs else None, constraint=constraint,
-            forced=forced_ids, cache_prompt=req.cache_prompt,
+            forced=forced_ids, cache_prompt=req.cache_prompt, ignore_eos=req.ignore_eos,
         )
         tool_stream = ToolCallStream(dialect, names, forced_prefix=forced) if use_tools else None
         think_open = text.rstrip().endswith("<think>")
@@ -226,55 +244,47 @@ class Service:
             raise APIError(400, "the prompt is empty", param="prompt")
         budget = self._budget(len(prompt), req.max_tokens if req.max_tokens is not None else 16, "max_tokens")
         job = generation.Job(prompt=prompt, params=self._params(req), max_tokens=budget,
-                             stops=stop_list(req.stop), logprobs=req.logprobs, cache_prompt=req.cache_prompt)
+                             stops=stop_list(req.stop), logprobs=req.logprobs, cache_prompt=req.cache_prompt,
+                             ignore_eos=req.ignore_eos)
         return Prepared(job, None, budget)
 
     # ---------------------------------------------------------------- running
 
     async def events(self, job: generation.Job) -> AsyncIterator[tuple[str, object]]:
         """("text", {"text", "logprobs"}) events, then ("done", Outcome). Leaving early (a client
-        that disconnected) cancels the generation; the slot frees when its thread stops."""
+        that disconnected) cancels the request; the engine frees its blocks at the next step."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        pool = self.pool
-        slot = await pool.acquire(job.prompt)
-        tok = self.model.tokenizer
-
-        def work() -> generation.Outcome:
-            return generation.run(slot.session, tok, job,
-                                  lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ("text", ev)))
-
-        def done(fut) -> None:
-            exc = fut.exception()
-            if exc is None:
-                self.metrics.finished(fut.result())
-            else:
-                slot.session.reset()  # the cache may hold a half-written step
-            task = loop.create_task(pool.release(slot))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            queue.put_nowait(("done", fut))
-
+        eng = self.model.engine
+        put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+        tracker = generation.Tracker(self.model.tokenizer, job, lambda ev: put(("text", ev)))
+        req = tracker.request(on_done=lambda: put(("done", None)))
+        if job.cancel.is_set():  # the client left before the request reached the engine
+            out = generation.Outcome(finish_reason="cancelled", prompt_tokens=len(job.prompt), cancelled=True)
+            yield "done", out
+            return
         try:
-            fut = loop.run_in_executor(self.executor, work)
-        except BaseException:
-            await pool.release(slot)
-            raise
-        fut.add_done_callback(done)
+            eng.submit(req)
+        except InfrError as e:
+            raise APIError(400, str(e)) from None
         try:
             while True:
                 kind, value = await queue.get()
                 if kind == "done":
-                    exc = value.exception()
-                    if exc is not None:
-                        log.error("generation failed: %s: %s", type(exc).__name__, exc)
-                        msg = str(exc) if isinstance(exc, InfrError) else f"{type(exc).__name__}: {exc}"
-                        raise APIError(500, f"generation failed: {msg}")
-                    yield "done", value.result()
+                    if req.finish_reason == "error":
+                        log.error("generation failed: %s", req.error)
+                        raise APIError(500, f"generation failed: {req.error}")
+                    out, tail = tracker.outcome(req)
+                    if tail is not None:
+                        yield "text", tail
+                    self.metrics.finished(out)
+                    yield "done", out
                     return
                 yield kind, value
         finally:
-            job.cancel.set()  # no-op when finished; stops the thread when the client left
+            if not req.done:
+                job.cancel.set()
+                eng.cancel(req)
 
 
 def new_id(prefix: str) -> str:

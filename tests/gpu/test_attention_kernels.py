@@ -2,7 +2,7 @@
 store (infr/gpu/kernels_attention.py) against the CPU reference.
 
 The split-K dispatches are built once for a context of n_ctx and then run at
-several KV lengths by rewriting only the state buffer, as the backend's
+several KV lengths by rewriting only the rows and state buffers, as the backend's
 graphs are: lengths 1, chunk - 1, chunk, chunk + 1 and several chunks. Cache
 rows past the current length hold NaN, so a kernel that reads a key it must
 not see fails loudly. `pytest -s` prints each measured error.
@@ -75,18 +75,18 @@ def test_split_k_decode(gpu, kernels, case):
     kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
     kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
     q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
-    qb, out, state = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), _buf(gpu, M.pack_state(0, T))
+    qb, out, pg = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), M.single_sequence(gpu, 0, T, n_ctx)
     scratch = KA.split_scratch(kernels, T, n_ctx, n_heads, vd, chunk=chunk)
     scale = 1.0 / np.sqrt(hd)
     # One workgroup per chunk (the default here: 6 chunks), and 2 per head group taking every other chunk.
-    builds = {P: KA.split_dispatches(kernels, qb, kcb, vcb, out, state, scratch, n_heads, kv_heads, hd, vd, scale,
+    builds = {P: KA.split_dispatches(kernels, qb, kcb, vcb, out, pg, scratch, n_heads, kv_heads, hd, vd, scale,
                                      window, softcap, T, parallel=P) for P in (None, 2)}
     assert builds[None][0].groups[0] == scratch.max_chunks == 6 and builds[2][0].groups[0] == 2
-    # KV lengths (of the last query): 1 .. several chunks; the dispatches are built once, only state changes.
+    # KV lengths (of the last query): 1 .. several chunks; the dispatches are built once, only the rows change.
     for n_kv in sorted({T, chunk - 1, chunk, chunk + 1, 3 * chunk + 5, n_ctx}):
         start = n_kv - T
         _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
-        gpu.device.queue.write_buffer(state, 0, M.pack_state(start, T))
+        M.write_rows(gpu, pg, np.arange(start, n_kv), 0)
         want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
         for P, ds in builds.items():
             gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
@@ -96,7 +96,7 @@ def test_split_k_decode(gpu, kernels, case):
 
 
 def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
-    """Decode in a long context holds both kernels: the KV length in `state`
+    """Decode in a long context holds both kernels: the row's KV length in `rows`
     picks one each step (the other returns at once), and either answers right."""
     monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
     monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
@@ -105,15 +105,15 @@ def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
     kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
     kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
     q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
-    qb, out, state = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), _buf(gpu, M.pack_state(0, T))
+    qb, out, pg = _buf(gpu, q), storage(gpu, T * n_heads * vd * 4), M.single_sequence(gpu, 0, T, n_ctx)
     scale = 1.0 / np.sqrt(hd)
-    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, state, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
+    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
                                  n_heads, kv_heads, hd, vd, scale, None, None, T, n_ctx=n_ctx)
     assert [d.label.split()[0] for d in ds] == ["attention", "attn_scores", "attn_values", "attn_combine"]
     for n_kv in (1, 39, 40, 41, 250):  # one-pass up to 40 keys, split-K past them
         start = n_kv - T
         _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
-        gpu.device.queue.write_buffer(state, 0, M.pack_state(start, T))
+        M.write_rows(gpu, pg, np.arange(start, n_kv), 0)
         gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
         run(gpu, ds)
         got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
@@ -138,15 +138,15 @@ def test_rounded_output(gpu, kernels, monkeypatch, path):
     kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
     kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
     q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
-    qb, out, state = _buf(gpu, q), storage(gpu, T * K * 4), _buf(gpu, M.pack_state(0, T))
+    qb, out, pg = _buf(gpu, q), storage(gpu, T * K * 4), M.single_sequence(gpu, 0, T, n_ctx)
     xq, ref = storage(gpu, 4 * T * KQ.words(K)), storage(gpu, 4 * T * KQ.words(K))
-    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, state, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
+    ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
                                  n_heads, kv_heads, hd, vd, 1.0 / np.sqrt(hd), None, None, T, n_ctx=n_ctx, xq=xq)
     labels = [d.label.split()[0] for d in ds]
     assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled", "quantize_q8"]
     n_kv = {"one_pass": 30, "split_k": 250, "tiled": 200}[path]  # one-pass up to 40 keys, split-K past them
     _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
-    gpu.device.queue.write_buffer(state, 0, M.pack_state(n_kv - T, T))
+    M.write_rows(gpu, pg, np.arange(n_kv - T, n_kv), 0)
     run(gpu, ds)
     run(gpu, [KQ.quantize_dispatch(kernels, out, K, T, into=ref)[0]])
     got, want = (read(gpu, b, np.uint32, count=T * KQ.words(K)) for b in (xq, ref))
@@ -193,7 +193,7 @@ def test_tiled_prefill(gpu, kernels, case):
     q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
     out = storage(gpu, T * n_heads * vd * 4)
     scale = 1.0 / np.sqrt(hd)
-    d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, _buf(gpu, M.pack_state(start, T)), n_heads,
+    d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_ctx), n_heads,
                           kv_heads, hd, vd, scale, window, softcap, T)
     run(gpu, [d])
     got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
@@ -202,7 +202,8 @@ def test_tiled_prefill(gpu, kernels, case):
 
 
 def test_lowering_picks_the_kernel(gpu, kernels):
-    q, kc, vc, out, state = (storage(gpu, 4 * 2**16) for _ in range(5))
+    q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
+    state = M.single_sequence(gpu, 0, 1, 256)
     scratch = lambda: KA.split_scratch(kernels, 1, 256, 4, 64)
     pick = lambda T, hd: [d.label.split()[0] for d in KA.attention_dispatches(
         kernels, q, kc, vc, out, state, scratch, 4, 2, hd, hd, 0.1, None, None, T)]
@@ -237,7 +238,7 @@ def test_rope_kv_store(gpu, kernels, style, n_heads, kv_heads, hd, vd, n_rot, st
     kc0, vc0 = _caches(rng, ctx, kv_heads, hd, vd)
     qb, kb = _buf(gpu, q), _buf(gpu, k)
     kcb, vcb = _buf(gpu, kc0.view(np.uint32)), _buf(gpu, vc0.view(np.uint32))
-    d = KA.rope_kv_dispatch(kernels, qb, kb, _buf(gpu, v), kcb, vcb, _buf(gpu, M.pack_state(start, T)), n_heads,
+    d = KA.rope_kv_dispatch(kernels, qb, kb, _buf(gpu, v), kcb, vcb, M.single_sequence(gpu, start, T, ctx), n_heads,
                             kv_heads, hd, vd, n_rot, 1e4, 1.0, style, T,
                             factors=_buf(gpu, factors) if with_factors else None)
     run(gpu, [d])

@@ -24,7 +24,8 @@ def _buf(gpu, arr: np.ndarray):
 
 
 def _state(gpu, start: int, T: int):
-    return storage(gpu, M.pack_state(start, T))
+    """One sequence of T rows from `start` in a contiguous cache (slot 0, identity block table)."""
+    return M.single_sequence(gpu, start, T, start + T)
 
 
 def _report(name: str, err: float, tol: float) -> None:

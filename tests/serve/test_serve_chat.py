@@ -7,7 +7,11 @@ import json
 
 import jsonschema
 import openai
-from litestar.testing import AsyncTestClient
+from litestar.testing import AsyncTestClient, TestClient
+
+from infr.serve.app import create_app
+from infr.serve.service import Config
+from tests.serve.conftest import wait_ready
 
 MSG = [{"role": "user", "content": "Name three colors."}]
 
@@ -168,7 +172,7 @@ def test_openapi_and_metrics(smol_client):
     assert "/v1/chat/completions" in schema["paths"]
     text = smol_client.get("/metrics").text
     assert "infr_requests_total" in text and "infr_time_to_first_token_seconds_count" in text
-    assert "infr_slots_idle 2" in text
+    assert "infr_requests_running 0" in text and 'infr_kv_blocks{state="used"} 0' in text
 
 
 def test_async_client(smol_client):
@@ -190,11 +194,11 @@ def test_async_client(smol_client):
 def test_generation_failure_is_an_error_event_and_server_survives(smol_client, smol_openai, monkeypatch):
     from infr.serve import generation
 
-    def broken(session, tokenizer, job, emit):
-        emit({"text": "partial", "logprobs": []})
+    def broken(self, token, logits):
+        self.emit({"text": "partial", "logprobs": []})
         raise RuntimeError("simulated backend fault")
 
-    monkeypatch.setattr(generation, "run", broken)
+    monkeypatch.setattr(generation.Tracker, "on_token", broken)
     body = {"model": "smol", "messages": MSG, "max_tokens": 4, "stream": True}
     with smol_client.stream("POST", "/v1/chat/completions", json=body) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
@@ -208,3 +212,28 @@ def test_generation_failure_is_an_error_event_and_server_survives(smol_client, s
     monkeypatch.undo()
     ok = smol_openai.chat.completions.create(model="smol", messages=MSG, max_tokens=3, temperature=0)
     assert ok.choices[0].message.content
+
+
+def test_prefix_cache_across_requests(smollm2_path):
+    """--parallel 1: A has a 400-token system prompt, an unrelated request runs, then B shares A's
+    system prompt: B reports most of it cached, and its text equals B without the cache."""
+    app = create_app(Config(model=str(smollm2_path), ctx=1024, parallel=1, backend="cpu", model_alias="smol"))
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(60))
+    with TestClient(app, timeout=120) as tc:
+        wait_ready(tc.get)
+        client = openai.OpenAI(base_url=f"{tc.base_url}/v1", api_key="x", http_client=tc, max_retries=0)
+
+        def ask(question, system_prompt=system, **extra):
+            msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+                {"role": "user", "content": question}]
+            return client.chat.completions.create(model="smol", messages=msgs, max_tokens=8, temperature=0, **extra)
+
+        a = ask("Name a fruit.")
+        assert a.usage.prompt_tokens > 400
+        ask("Tell me about the sea.", system_prompt=None)
+        b = ask("Name a colour.")
+        cold = ask("Name a colour.", extra_body={"cache_prompt": False})
+        cached = b.usage.prompt_tokens_details.cached_tokens
+        assert cached >= 400 - 32 and cached < b.usage.prompt_tokens
+        assert cold.usage.prompt_tokens_details.cached_tokens == 0
+        assert b.choices[0].message.content == cold.choices[0].message.content

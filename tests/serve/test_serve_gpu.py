@@ -1,6 +1,6 @@
 """`infr serve` on the GPU backend (lavapipe in CI): a chat completion and two concurrent
-requests give the CPU reference's greedy text. `--parallel 2` gives two slots, each a fork of
-the GPU backend with its own KV cache over the shared weights (docs/serve.md)."""
+requests give the CPU reference's greedy text. `--parallel 2` runs both in shared steps of the
+engine over one GPU backend and its KV pool (docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ def gpu_client(gpu, smollm2_path):  # noqa: F811
 
 def test_gpu_server_chat_and_two_concurrent_requests(gpu_client, smol_openai):
     svc = gpu_client.app.state.service
-    assert svc.model.backend_name == "gpu" and len(svc.pool.slots) == 2 and not svc.pool.shared
-    backends = [slot.session.model.backend._backend for slot in svc.pool.slots]
-    assert backends[0].weights is backends[1].weights and backends[0].k_cache[0] is not backends[1].k_cache[0]
+    assert svc.model.backend_name == "gpu" and svc.model.engine.parallel == 2
     client = openai.OpenAI(base_url=f"{gpu_client.base_url}/v1", api_key="x", http_client=gpu_client, max_retries=0)
     chat = dict(model="smol", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=5, temperature=0)
     got = client.chat.completions.create(**chat)
@@ -52,4 +50,5 @@ def test_gpu_server_chat_and_two_concurrent_requests(gpu_client, smol_openai):
 
     assert asyncio.run(main()) == expected
     metrics = gpu_client.get("/metrics").text
-    assert "infr_slots_busy 0" in metrics and "infr_requests_waiting 0" in metrics
+    assert "infr_requests_running 0" in metrics and "infr_requests_waiting 0" in metrics
+    assert "infr_batch_rows_max 1\n" not in metrics  # the two streams shared steps

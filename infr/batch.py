@@ -1,0 +1,58 @@
+"""A batch: the unit of work of a backend step.
+
+It holds the flattened tokens of every sequence scheduled this step (decode
+rows and prefill chunks alike), each with its position and its sequence slot,
+the block table of each slot in the batch, and the output rows: the rows
+whose next token is sampled, with their own sampling settings. One backend
+call, `step(batch)`, runs the model over every row and returns one token per
+output row; logits come back only for the output rows that ask for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infr.sampling import Sampler, SamplingParams
+
+
+@dataclass
+class OutputRow:
+    row: int  # index into the batch's rows: the token whose next token is sampled
+    params: SamplingParams
+    history: Sequence[int] = ()  # the sequence's tokens so far, for repetition penalties
+    sampler: Sampler | None = None  # the request's host sampler (its random stream); None: greedy or the GPU's
+    mask: np.ndarray | None = None  # uint8 bitmask of the tokens a grammar allows (bit i: token i); None: all
+    want_logits: bool = False  # return this row's logits (logprobs, or a caller that reads them)
+
+
+@dataclass
+class Batch:
+    tokens: np.ndarray  # int32 [T]
+    positions: np.ndarray  # int32 [T]
+    slots: np.ndarray  # int32 [T]: the sequence slot of each row
+    tables: dict[int, list[int]]  # slot -> its physical KV blocks, in order (covering every position in the batch)
+    outputs: list[OutputRow] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return int(len(self.tokens))
+
+    @classmethod
+    def build(cls, chunks: Sequence[tuple[int, Sequence[int], int, list[int]]], outputs: list[OutputRow]) -> "Batch":
+        """chunks: (slot, tokens, first position, block table) per sequence, rows in that order."""
+        toks, pos, slots, tables = [], [], [], {}
+        for slot, ids, start, table in chunks:
+            toks.extend(ids)
+            pos.extend(range(start, start + len(ids)))
+            slots.extend([slot] * len(ids))
+            tables[slot] = table
+        return cls(np.asarray(toks, np.int32), np.asarray(pos, np.int32), np.asarray(slots, np.int32), tables, outputs)
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]  # one per output row, in order
+    logits: dict[int, np.ndarray] = field(default_factory=dict)  # output index -> [n_vocab], rows that asked

@@ -1,0 +1,119 @@
+"""The KV cache pool: fixed-size blocks, ref-counted, shared by token prefix.
+
+The engine owns this bookkeeping; a backend owns the memory (per layer, a
+[n_blocks * block_size, kv_heads, head_dim] store) and reads a sequence's
+keys through its block table (PagedAttention, Kwon et al. SOSP 2023).
+
+A block is *full* when all block_size of its tokens are in the cache. A full
+block is hashed by its tokens and the hash of the block before it (so a hash
+names the whole prefix up to the block's end) and can then be shared by any
+sequence whose tokens start the same way (vLLM's automatic prefix caching).
+Blocks whose last user went are kept, still hashed, until the space is
+needed: the least recently released one is evicted first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+BLOCK_SIZE = 32  # tokens per block: a prefix hit is rounded down to it
+
+
+class PoolFull(Exception):
+    """No block is free or evictable."""
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: bytes = b"") -> list[bytes]:
+    """Chained hashes of the full blocks of `tokens`, from block `start` on
+    (`parent`: the hash of block start - 1)."""
+    out = []
+    ids = np.asarray(tokens, dtype="<i4")
+    for b in range(start, len(ids) // block_size):
+        h = hashlib.blake2b(ids[b * block_size:(b + 1) * block_size].tobytes(), digest_size=16, key=parent[:64])
+        parent = h.digest()
+        out.append(parent)
+    return out
+
+
+class BlockPool:
+    def __init__(self, n_blocks: int, block_size: int = BLOCK_SIZE):
+        if n_blocks <= 0:
+            raise ValueError(f"a KV pool needs at least one block, got {n_blocks}")
+        self.n_blocks, self.block_size = int(n_blocks), int(block_size)
+        self.ref = [0] * self.n_blocks
+        self.hash_of: list[bytes | None] = [None] * self.n_blocks
+        self.by_hash: dict[bytes, int] = {}
+        self._free = list(range(self.n_blocks - 1, -1, -1))  # never hashed, or evicted: pop() takes block 0 first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced but hashed, oldest release first
+        self.evicted = 0
+
+    # --- queries
+
+    @property
+    def free(self) -> int:
+        """Blocks a new allocation can take (unreferenced, cached ones included)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def used(self) -> int:
+        return self.n_blocks - self.free
+
+    @property
+    def cached(self) -> int:
+        """Hashed blocks (in use or not): what a prefix can hit."""
+        return len(self.by_hash)
+
+    def match(self, hashes: Sequence[bytes]) -> list[int]:
+        """The blocks holding the longest run of these prefix hashes."""
+        out = []
+        for h in hashes:
+            b = self.by_hash.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    # --- changes
+
+    def take(self, blocks: Sequence[int]) -> None:
+        """Reference blocks found by match()."""
+        for b in blocks:
+            if self.ref[b] == 0:
+                self._cached.pop(b, None)
+            self.ref[b] += 1
+
+    def allocate(self) -> int:
+        """A fresh block (referenced once), evicting the oldest cached one if needed."""
+        if self._free:
+            b = self._free.pop()
+        elif self._cached:
+            b, _ = self._cached.popitem(last=False)
+            del self.by_hash[self.hash_of[b]]
+            self.hash_of[b] = None
+            self.evicted += 1
+        else:
+            raise PoolFull("every KV block is in use")
+        self.ref[b] = 1
+        return b
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference from each block; the last one frees it (kept cached when hashed)."""
+        for b in reversed(blocks):  # tail blocks first: they are the least likely to be hit again
+            self.ref[b] -= 1
+            if self.ref[b] < 0:
+                raise AssertionError(f"KV block {b} released more often than taken")
+            if self.ref[b] == 0:
+                if self.hash_of[b] is None:
+                    self._free.append(b)
+                else:
+                    self._cached[b] = None
+
+    def register(self, block: int, h: bytes) -> None:
+        """Mark a full block as holding the prefix named `h` (a no-op if another block already does)."""
+        if self.hash_of[block] is None and h not in self.by_hash:
+            self.hash_of[block] = h
+            self.by_hash[h] = block

@@ -1,0 +1,436 @@
+"""Iteration-level continuous batching over the KV pool.
+
+Each step takes one decode row per running request plus prefill chunks of
+the others under a token budget (chunked prefill), runs them in one backend
+`step(batch)`, and hands every sampled token to its request. Requests are
+admitted while there are free sequence slots and KV blocks; a request's
+prompt first takes any full blocks an earlier request left with the same
+prefix (infr/kvpool.py). When a step needs a block and none is free, the
+latest-admitted request is preempted: its blocks are released (its full ones
+stay cached) and it is recomputed later from its tokens so far, so its output
+is unchanged. A cancelled request frees its blocks at the next step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infr.batch import Batch, OutputRow
+from infr.errors import InfrError
+from infr.kvpool import BlockPool, PoolFull, block_hashes
+from infr.numerics import has_penalties
+from infr.sampling import Sampler, SamplingParams
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. The callbacks run on the engine's thread:
+    - on_token(token, logits or None) after each sampled token that is not end-of-generation;
+      returning True finishes the request (a stop string, a finished grammar);
+    - mask() -> the grammar's uint8 token bitmask for the next token, or None."""
+
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_new: int = 256
+    on_token: Callable[[int, np.ndarray | None], bool] | None = None
+    mask: Callable[[], np.ndarray | None] | None = None
+    want_logits: bool = False
+    cache_prompt: bool = True
+    on_done: Callable[[], None] | None = None  # called once when it finishes (any reason)
+    ignore_eos: bool = False  # end-of-generation tokens are kept like any other (benchmarks)
+    hold: bool = False  # pause after each output row instead of appending its token (Session.prefill / decode)
+    # --- the engine's
+    id: int = field(default_factory=lambda: next(_ids))
+    tokens: list[int] = field(default_factory=list)  # prompt + output: what the sequence holds or will
+    output: list[int] = field(default_factory=list)
+    computed: int = 0  # leading tokens whose KV is in the cache
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)  # of blocks[:len(hashes)], registered in the pool
+    slot: int | None = None
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    error: str | None = None
+    preemptions: int = 0
+    sampler: Sampler | None = None
+    cancelled: bool = False
+    t_submit: float = 0.0
+    t_first: float | None = None
+    t_done: float | None = None
+    held: bool = False  # paused with its slot and blocks, waiting for resume()
+    last_logits: np.ndarray | None = None
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    rows: int = 0  # rows run, summed over steps
+    max_rows: int = 0
+    decode_rows: int = 0
+    prefill_rows: int = 0
+    step_seconds: float = 0.0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # rows per step -> steps (power-of-two buckets)
+
+    def add_step(self, rows: int, decode: int, seconds: float) -> None:
+        self.steps += 1
+        self.rows += rows
+        self.max_rows = max(self.max_rows, rows)
+        self.decode_rows += decode
+        self.prefill_rows += rows - decode
+        self.step_seconds += seconds
+        bucket = 1 << max(0, (rows - 1).bit_length())
+        self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1
+
+
+class Scheduler:
+    """Owns the requests and the pool's bookkeeping; `step()` runs one batch on the backend."""
+
+    def __init__(self, backend, pool: BlockPool, n_ctx: int, is_eog: Callable[[int], bool], n_vocab: int,
+                 parallel: int = 1, batch_tokens: int = 512):
+        if parallel < 1:
+            raise InfrError(f"--parallel must be at least 1, got {parallel}")
+        if batch_tokens < parallel:
+            raise InfrError(f"the batch-token budget ({batch_tokens}) must be at least --parallel ({parallel})")
+        self.backend, self.pool, self.n_ctx = backend, pool, n_ctx
+        self.is_eog, self.n_vocab = is_eog, n_vocab
+        self.parallel, self.batch_tokens = parallel, batch_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_slots = list(range(parallel - 1, -1, -1))
+        self.stats = EngineStats()
+        self._inbox: deque[Request] = deque()
+        self._lock = threading.Condition()
+
+    # --- from any thread
+
+    def submit(self, req: Request) -> Request:
+        if not req.prompt:
+            raise InfrError("empty prompt: nothing to run")
+        if len(req.prompt) >= self.n_ctx:
+            raise InfrError(f"prompt has {len(req.prompt)} tokens but the context holds {self.n_ctx} (use --ctx)")
+        if any(not 0 <= t < self.n_vocab for t in req.prompt):
+            raise InfrError(f"token id out of range 0..{self.n_vocab - 1}")
+        req.params = req.params.validate()
+        req.tokens = list(req.prompt)
+        req.t_submit = time.perf_counter()
+        if req.sampler is None and not (req.params.greedy and not has_penalties(req.params)):
+            req.sampler = Sampler(req.params, self.n_vocab)
+        with self._lock:
+            self._inbox.append(req)
+            self._lock.notify_all()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """The request ends at the next step boundary; its blocks are freed then."""
+        with self._lock:
+            req.cancelled = True
+            self._lock.notify_all()
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if not (self._inbox or self.waiting or self.running):
+                self._lock.wait(timeout)
+            return bool(self._inbox or self.waiting or self.running)
+
+    def wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    # --- the engine thread
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._inbox or self.waiting or self.running)
+
+    def step(self) -> bool:
+        """One scheduling iteration; False when there was nothing to run."""
+        with self._lock:
+            while self._inbox:
+                self.waiting.append(self._inbox.popleft())
+        self._drop_cancelled()
+        if self._multi_step():
+            return True
+        chunks = self._schedule()
+        if not chunks:
+            return False
+        outputs, owners = [], []
+        row = 0
+        for req, start, n in chunks:
+            row += n
+            if start + n == len(req.tokens):  # the chunk reaches the sequence's end: sample its next token
+                try:
+                    mask = req.mask() if req.mask is not None else None
+                except Exception as e:  # a request's own fault ends that request alone
+                    self._finish(req, "error", error=f"{type(e).__name__}: {e}")
+                    mask = None
+                outputs.append(OutputRow(row - 1, req.params, req.tokens, req.sampler, mask, req.want_logits))
+                owners.append(req)
+        batch = Batch.build([(r.slot, r.tokens[s:s + n], s, r.blocks) for r, s, n in chunks], outputs)
+        t0 = time.perf_counter()
+        try:
+            res = self.backend.step(batch)
+        except Exception as e:  # the step's requests fail; the engine and the others go on
+            for req, _, _ in chunks:
+                self._finish(req, "error", error=f"{type(e).__name__}: {e}")
+            raise
+        self.stats.add_step(batch.rows, sum(1 for _, _, n in chunks if n == 1), time.perf_counter() - t0)
+        for req, start, n in chunks:
+            if not req.done:
+                req.computed = start + n
+                self._register_full_blocks(req)
+        for i, req in enumerate(owners):
+            if req.done:
+                continue
+            try:
+                self._accept(req, int(res.tokens[i]), res.logits.get(i))
+            except Exception as e:  # on_token failed: that request ends with the error
+                self._finish(req, "error", error=f"{type(e).__name__}: {e}")
+        return True
+
+    def _multi_step(self) -> bool:
+        """Several greedy decode steps in one backend call (tokens stay on the device) when every
+        running request is decoding greedily with nothing to check per token on the device side
+        and nobody waits: up to backend.multi_step steps, as many as the closest finish allows.
+        A request that ends part-way (end-of-generation, a stop string) drops the rest of its
+        tokens; the KV they wrote is past its end and goes with its blocks."""
+        k = self.backend.multi_step
+        run = self.running
+        if k < 2 or self.waiting or not run or len(run) > 64:
+            return False
+        for r in run:
+            if (len(r.tokens) - r.computed != 1 or r.hold or r.mask is not None or r.want_logits
+                    or not r.params.greedy or has_penalties(r.params) or r.cancelled):
+                return False
+            k = min(k, r.max_new - len(r.output), self.n_ctx - len(r.tokens))
+        if k < 2:
+            return False
+        run = sorted(run, key=lambda r: r.id)
+        for r in run:
+            if not self._grow(r, r.computed + k):
+                return False  # the normal step preempts as needed
+        outputs = [OutputRow(i, r.params) for i, r in enumerate(run)]
+        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks) for r in run], outputs)
+        t0 = time.perf_counter()
+        try:
+            steps = self.backend.decode_steps(batch, k)
+        except Exception as e:
+            for r in run:
+                self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+            raise
+        dt = (time.perf_counter() - t0) / k
+        for tokens in steps:
+            live = [r for r in run if not r.done]
+            if not live:
+                break
+            self.stats.add_step(len(live), len(live), dt)
+            for r, token in zip(run, tokens):
+                if r.done:
+                    continue
+                r.computed += 1
+                self._register_full_blocks(r)
+                try:
+                    self._accept(r, int(token), None)
+                except Exception as e:
+                    self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+        return True
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        """Drive steps on this thread until done() (a caller with no engine thread)."""
+        while not done():
+            if not self.step() and not done() and not (self.running or self._inbox or self.waiting):
+                raise InfrError("the engine has nothing left to run")
+
+    def resume(self, req: Request, tokens: list[int]) -> None:
+        """A held request goes on: `tokens` become its sequence (their common prefix with what
+        is cached is kept), and the next step computes the rest. Engine thread only."""
+        if not req.held:
+            raise InfrError("only a held request can resume")
+        bs = self.pool.block_size
+        keep = 0
+        n = min(req.computed, len(tokens) - 1)
+        while keep < n and req.tokens[keep] == tokens[keep]:
+            keep += 1
+        if keep % bs and keep // bs < len(req.hashes):  # never write into a block the prefix cache shares
+            keep -= keep % bs
+        cut = -(-keep // bs)
+        self.pool.release(req.blocks[cut:])
+        req.blocks, req.hashes = req.blocks[:cut], req.hashes[: keep // bs]
+        req.computed, req.tokens = keep, list(tokens)
+        req.held, req.last_logits = False, None
+        req.done_event.clear()
+        self.running.append(req)
+
+    def release(self, req: Request) -> None:
+        """End a request now, whatever it is doing (a held one included). Engine thread only."""
+        req.held = False
+        self._finish(req, req.finish_reason or "stop")
+
+    # --- internals
+
+    def _drop_cancelled(self) -> None:
+        for req in [r for r in self.running if r.cancelled] + [r for r in self.waiting if r.cancelled]:
+            self._finish(req, "cancelled")
+
+    def _schedule(self) -> list[tuple[Request, int, int]]:
+        budget = self.batch_tokens
+        chunks: list[tuple[Request, int, int]] = []
+        # Decode rows first (one token each), then prefill chunks of running requests, in arrival order.
+        order = sorted(self.running, key=lambda r: (len(r.tokens) - r.computed > 1, r.id))
+        for req in order:
+            if req not in self.running or budget == 0:
+                continue  # preempted while an earlier request took blocks
+            n = min(len(req.tokens) - req.computed, budget)
+            if not self._reserve(req, req.computed + n):
+                continue  # req itself was preempted or failed
+            chunks.append((req, req.computed, n))
+            budget -= n
+        # Then admit waiting requests while slots, budget and blocks last.
+        while self.waiting and self._free_slots and budget > 0:
+            req = self.waiting[0]
+            if not self._admit(req, chunks):
+                break
+            self.waiting.popleft()
+            n = min(len(req.tokens) - req.computed, budget)
+            if not self._grow(req, req.computed + n):
+                self._evict_to_waiting(req, front=True)
+                if not chunks and not self.running:  # nothing will free a block: it can never fit
+                    self._finish(req, "error", error=self._too_big())
+                    continue
+                break
+            chunks.append((req, req.computed, n))
+            budget -= n
+        return [(r, s, n) for r, s, n in chunks if r in self.running]
+
+    def _admit(self, req: Request, chunks) -> bool:
+        """Give req a slot and its cached prefix blocks."""
+        bs = self.pool.block_size
+        if req.cache_prompt:
+            limit = (len(req.tokens) - 1) // bs  # at least one token runs, to give the next token's logits
+            hashes = block_hashes(req.tokens[: limit * bs], bs)
+            blocks = self.pool.match(hashes)
+            self.pool.take(blocks)
+            req.blocks, req.hashes = list(blocks), hashes[: len(blocks)]
+            req.computed = len(blocks) * bs
+        else:
+            req.blocks, req.hashes, req.computed = [], [], 0
+        if req.cached_tokens is None:
+            req.cached_tokens = req.computed
+            self.stats.prefix_hit_tokens += req.computed
+        req.slot = self._free_slots.pop()
+        self.running.append(req)
+        return True
+
+    def _grow(self, req: Request, n_tokens: int) -> bool:
+        """Blocks for req's first n_tokens, without preempting anyone."""
+        need = -(-n_tokens // self.pool.block_size) - len(req.blocks)
+        taken = []
+        try:
+            for _ in range(need):
+                taken.append(self.pool.allocate())
+        except PoolFull:
+            self.pool.release(taken)
+            return False
+        req.blocks += taken
+        return True
+
+    def _reserve(self, req: Request, n_tokens: int) -> bool:
+        """Blocks for req's first n_tokens, preempting the latest-admitted requests as needed.
+        False when req itself had to go."""
+        while not self._grow(req, n_tokens):
+            victim = max(self.running, key=lambda r: r.id)
+            if victim is req and len(self.running) == 1:
+                self._finish(req, "error", error=self._too_big())
+                return False
+            self._evict_to_waiting(victim, front=True)
+            self.stats.preemptions += 1
+            victim.preemptions += 1
+            if victim is req:
+                return False
+        return True
+
+    def _too_big(self) -> str:
+        return (f"the KV pool ({self.pool.n_blocks} blocks of {self.pool.block_size} tokens) cannot hold this "
+                f"request; raise --kv-size")
+
+    def _evict_to_waiting(self, req: Request, front: bool) -> None:
+        self.pool.release(req.blocks)
+        req.blocks, req.hashes, req.computed = [], [], 0
+        self._free_slot(req)
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _free_slot(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req.slot is not None:
+            self._free_slots.append(req.slot)
+            req.slot = None
+
+    def _register_full_blocks(self, req: Request) -> None:
+        bs = self.pool.block_size
+        full = req.computed // bs
+        if full > len(req.hashes):
+            parent = req.hashes[-1] if req.hashes else b""
+            new = block_hashes(req.tokens[: full * bs], bs, start=len(req.hashes), parent=parent)
+            for b, h in zip(req.blocks[len(req.hashes): full], new):
+                self.pool.register(b, h)
+            req.hashes += new
+
+    def _accept(self, req: Request, token: int, logits: np.ndarray | None) -> None:
+        if req.hold:  # the caller reads the logits and says what comes next (resume)
+            req.last_logits, req.held = logits, True
+            self.running.remove(req)
+            req.done_event.set()
+            return
+        if req.cancelled:
+            self._finish(req, "cancelled")
+            return
+        if req.t_first is None:
+            req.t_first = time.perf_counter()
+        if self.is_eog(token) and not req.ignore_eos:
+            self._finish(req, "stop")
+            return
+        req.output.append(token)
+        req.tokens.append(token)
+        stop = bool(req.on_token(token, logits)) if req.on_token is not None else False
+        if stop:
+            self._finish(req, "stop")
+        elif len(req.output) >= req.max_new or len(req.tokens) >= self.n_ctx:
+            self._finish(req, "length")
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        if req.done:
+            return
+        req.finish_reason, req.error = reason, error
+        req.t_done = time.perf_counter()
+        self.pool.release(req.blocks)
+        req.blocks = []
+        self._free_slot(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.stats.finished += 1
+        self.stats.cancelled += reason == "cancelled"
+        req.done_event.set()
+        if req.on_done is not None:
+            req.on_done()
+
+
