@@ -283,20 +283,8 @@ class GPUBackend:
         T, Lb = _bucket(n), _bucket(L) if L else 0
         if Lb == T and out_rows != list(range(L)):  # the head must read the tail copy, not the rows in place
             T = min(2 * T, MAX_BATCH)
-        n_slots = max(batch.tables) + 1
-        if n_slots > self.max_seqs:
-            raise InfrError(f"sequence slot {n_slots - 1} is past this backend's {self.max_seqs}")
-        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
-        for slot, blocks in batch.tables.items():
-            table[slot, : len(blocks)] = blocks
+        self._load_rows(batch, T)
         q = self.dev.device.queue
-        q.write_buffer(self.block_table, 0, table.reshape(-1))
-        self._identity = False
-        ids = np.zeros(T, np.uint32)
-        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
-        ids[:n], pos[:n], slots[:n] = batch.tokens, batch.positions, batch.slots
-        q.write_buffer(self.ids, 0, ids)
-        KS.write_rows(self.dev, self.paging, pos, slots, n)
         decode = int(np.bincount(batch.slots).max()) <= KA.SPLIT_MAX_T
         far = self._far(int(batch.positions.max()), 1, T, decode)
         body, head, x_buf = self._graph(T, Lb, far, decode)
@@ -330,6 +318,24 @@ class GPUBackend:
                     res.logits[i] = logits[i].copy()
         return res
 
+    def _load_rows(self, batch: Batch, T: int) -> None:
+        """The batch's block tables, token ids and rows (T of them, those past the batch padding) to the GPU."""
+        n = batch.rows
+        n_slots = max(batch.tables) + 1
+        if n_slots > self.max_seqs:
+            raise InfrError(f"sequence slot {n_slots - 1} is past this backend's {self.max_seqs}")
+        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
+        for slot, blocks in batch.tables.items():
+            table[slot, : len(blocks)] = blocks
+        q = self.dev.device.queue
+        q.write_buffer(self.block_table, 0, table.reshape(-1))
+        self._identity = False
+        ids = np.zeros(T, np.uint32)
+        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
+        ids[:n], pos[:n], slots[:n] = batch.tokens, batch.positions, batch.slots
+        q.write_buffer(self.ids, 0, ids)
+        KS.write_rows(self.dev, self.paging, pos, slots, n)
+
     multi_step = 16  # greedy decode steps the engine may run per call of decode_steps
 
     def decode_steps(self, batch: Batch, k: int, per_submit: int = 4) -> list[list[int]]:
@@ -347,18 +353,8 @@ class GPUBackend:
         if last >= self.blocks_per_seq * self.block_size:
             raise InfrError(f"context full: position {last} is past {self.n_ctx}")
         T = _bucket(L)
-        n_slots = max(batch.tables) + 1
-        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
-        for slot, blocks in batch.tables.items():
-            table[slot, : len(blocks)] = blocks
+        self._load_rows(batch, T)  # state: [0] row 0's position, [1] L live, [2] 0 logged
         q = self.dev.device.queue
-        q.write_buffer(self.block_table, 0, table.reshape(-1))
-        self._identity = False
-        ids = np.zeros(T, np.uint32)
-        pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
-        ids[:L], pos[:L], slots[:L] = batch.tokens, batch.positions, batch.slots
-        q.write_buffer(self.ids, 0, ids)
-        KS.write_rows(self.dev, self.paging, pos, slots, L)  # state: [0] row 0's position, [1] L live, [2] 0 logged
         start = int(batch.positions.max())
         done = 0
         while done < k:

@@ -125,7 +125,13 @@ class MmqTile:
 # rather than the nibble kernel's best 8 x 4: about 40 fewer registers for the
 # staged rows (32 sums either way), so two 256-invocation workgroups may share
 # a multiprocessor; an estimate until perf/mmq_bench.py's sweep runs there.
-TILES = (MmqTile(128, 64, 4, 8), MmqTile(64, 64, 4, 4), MmqTile(64, 32, 4, 2))
+#
+# Compiled without wgpu's runtime checks (UNCHECKED 1): on the H200 at T = 512 that took the
+# 128 x 64 tile from 11.5 to 57.5 TOPS for Q4_K (46.6 Q6_K, 49.8 Q8_0, 49.9 Q5_0, 55.7 Q4_0)
+# against every checked tile of the sweep (7-12 TOPS): perf/h200/mmq-sweep-2026-12-02.json.
+# The kernel guards its own tails (tests/gpu/test_mmq_types.py runs odd shapes on it);
+# INFR_MMQ_UNCHECKED=0 puts the checks back.
+TILES = (MmqTile(128, 64, 4, 8, UNCHECKED=1), MmqTile(64, 64, 4, 4, UNCHECKED=1), MmqTile(64, 32, 4, 2, UNCHECKED=1))
 
 
 def _tiles(spec: str) -> tuple[MmqTile, ...]:
@@ -147,7 +153,7 @@ class MmqTuning:
     @classmethod
     def from_env(cls, env=None) -> MmqTuning:
         """INFR_MMQ_MIN_T (0: never), INFR_MMQ_TILES ("BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."),
-        INFR_MMQ_TILES_<TYPE> (one type's list), INFR_MMQ_MIN_GROUPS, INFR_MMQ_UNCHECKED=1 (every
+        INFR_MMQ_TILES_<TYPE> (one type's list), INFR_MMQ_MIN_GROUPS, INFR_MMQ_UNCHECKED=0|1 (every
         tile), and INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH: one tile for every product."""
         env = os.environ if env is None else env
         get = lambda k: env.get(f"INFR_MMQ_{k}") or None
@@ -163,8 +169,8 @@ class MmqTuning:
             t = replace(t, tiles=(replace(t.tiles[0], **pins),))
         t = replace(t, per_type=tuple(sorted((Q[k[len("INFR_MMQ_TILES_"):].upper()].name, _tiles(v))
                                              for k, v in env.items() if k.startswith("INFR_MMQ_TILES_") and v)))
-        if get("UNCHECKED") == "1":
-            t = t.map_tiles(lambda tile: replace(tile, UNCHECKED=1))
+        if get("UNCHECKED") in ("0", "1"):
+            t = t.map_tiles(lambda tile: replace(tile, UNCHECKED=int(get("UNCHECKED"))))
         return t
 
     def map_tiles(self, f) -> MmqTuning:
