@@ -31,7 +31,9 @@ SUPPORTED_TYPES = frozenset(
 # GPU backends do); the reference rounds the same way. A type joins when every
 # GPU path rounds for it: the int8 GEMV (kernels_matmul.GEMV_FAMILY, the same
 # set), the f32 GEMM (its Q8X flag) and the int8 GEMM where it takes the type.
-Q8_ACTIVATIONS = frozenset({Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q5_K, Q.Q4_0})
+Q8_ACTIVATIONS = frozenset(
+    {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS}
+)
 
 
 def check_supported(t) -> None:

@@ -1,4 +1,4 @@
-"""GEMV bandwidth of the coalesced Q4_K kernel across shapes and tunings.
+"""GEMV bandwidth of the Q4_K int8 GEMV (wgsl/gemv.wgsl) across shapes and tunings (every type: gemv_types_bench.py).
 
     source .gpu/setup.sh && python3 perf/gemv_bench.py            # the Llama 1B / 8B shapes
     GEMV_VARIANTS="1,1,32 2,2,32" python3 perf/gemv_bench.py   # R,U,SG (kernels_matmul.GemvTuning)

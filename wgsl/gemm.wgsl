@@ -12,10 +12,11 @@
 // Both tiles are stored k-major with 4 tokens / 4 rows per vec4, so the inner
 // loop is two vec4 loads per 16 multiply-adds.
 //
-// Q8X (Q4_K): activations are rounded to 8 bits per 32 values the way
-// quantize_q8.wgsl does (d = max|x| / 127, round(x / d) * d), so the GEMM and
-// the Q4_K GEMV compute the same op (infr.cpu.ops.matmul_input). A step of 32
-// values is exactly one rounding block of every token.
+// Q8X (the types of infr.numerics.Q8_ACTIVATIONS): activations are rounded
+// to 8 bits per 32 values the way quantize_q8.wgsl does (d = max|x| / 127,
+// round(x / d) * d), so the GEMM and the int8 GEMV compute the same op
+// (infr.numerics.matmul_input). A step of 32 values is exactly one rounding
+// block of every token.
 //
 // Bounds: tokens >= T and rows >= N are staged as zeros and not stored; K must
 // be whole blocks and a multiple of 4 (every reader's QK is), and a step past

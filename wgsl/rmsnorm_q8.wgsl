@@ -1,5 +1,5 @@
 // RMSNorm whose output also goes out rounded to 8 bits per 32 values
-// (q8_common.wgsl), ready for the Q4_K GEMV that reads it next: one dispatch
+// (q8_common.wgsl), ready for the int8 GEMV that reads it next: one dispatch
 // instead of a norm and a quantize. A plain norm only (group = width), width
 // % 256 == 0. Workgroup j of a token writes values [1024 j, 1024 j + 1024);
 // each sums the whole row's squares itself (the same sum in the same order

@@ -611,7 +611,7 @@ class _Lowering:
         return self.q8_input(x, int(t.shape[-1]))
 
     def _mmq(self, t, x):
-        """(quantize dispatches, rounded x) when weight t runs the Q4_K int8 GEMM
+        """(quantize dispatches, rounded x) when weight t runs the int8 GEMM
         (kernels_mmq) on this graph's batches, else None."""
         if not KMQ.use_mmq(self.rows, self.be.dev, t):
             return None

@@ -82,7 +82,10 @@ def row_bytes(qtype, K: int) -> int:
 
 # Types with an int8 GEMV reader (wgsl/gemv_TYPE.wgsl) -> its x family: which
 # activations a lane meets (gemv.wgsl's x_std / x_b32 / x_q6k).
-GEMV_FAMILY = {Q.Q4_K: "std", Q.Q6_K: "q6k", Q.Q8_0: "b32", Q.Q5_0: "b32", Q.Q5_K: "std", Q.Q4_0: "b32"}
+GEMV_FAMILY = {
+    Q.Q4_K: "std", Q.Q5_K: "std", Q.Q6_K: "q6k",
+    Q.Q4_0: "b32", Q.Q4_1: "b32", Q.Q5_0: "b32", Q.Q5_1: "b32", Q.Q8_0: "b32", Q.IQ4_NL: "b32", Q.IQ4_XS: "b32",
+}
 GEMV_K = 64  # the GEMV's K multiple: the unit of quantize_q8's layout
 GEMV_TEAMS = 8  # 32-lane teams per workgroup of the GEMV
 _IQ4 = (Q.IQ4_NL, Q.IQ4_XS)  # readers that fill a table in workgroup memory first
