@@ -35,21 +35,29 @@ class Batch:
     slots: np.ndarray  # int32 [T]: the sequence slot of each row
     tables: dict[int, list[int]]  # slot -> its physical KV blocks, in order (covering every position in the batch)
     outputs: list[OutputRow] = field(default_factory=list)
+    # bool [T]: the row's token was generated (not the prompt's). The CPU reference takes those rows
+    # one at a time, so a generated token's sums are the same alone, batched or recomputed. None: none.
+    generated: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
         return int(len(self.tokens))
 
     @classmethod
-    def build(cls, chunks: Sequence[tuple[int, Sequence[int], int, list[int]]], outputs: list[OutputRow]) -> "Batch":
-        """chunks: (slot, tokens, first position, block table) per sequence, rows in that order."""
+    def build(cls, chunks: Sequence[tuple[int, Sequence[int], int, list[int], int]],
+              outputs: list[OutputRow]) -> "Batch":
+        """chunks: (slot, tokens, first position, block table, prompt length) per sequence, rows in
+        that order; rows at or past the prompt length hold generated tokens."""
         toks, pos, slots, tables = [], [], [], {}
-        for slot, ids, start, table in chunks:
+        for slot, ids, start, table, _ in chunks:
             toks.extend(ids)
             pos.extend(range(start, start + len(ids)))
             slots.extend([slot] * len(ids))
             tables[slot] = table
-        return cls(np.asarray(toks, np.int32), np.asarray(pos, np.int32), np.asarray(slots, np.int32), tables, outputs)
+        n_prompt = np.concatenate([np.full(len(c[1]), c[4], np.int64) for c in chunks]) if chunks else np.zeros(0)
+        positions = np.asarray(pos, np.int32)
+        return cls(np.asarray(toks, np.int32), positions, np.asarray(slots, np.int32), tables, outputs,
+                   positions >= n_prompt)
 
 
 @dataclass

@@ -183,7 +183,7 @@ class Scheduler:
                     mask = None
                 outputs.append(OutputRow(row - 1, req.params, req.tokens, req.sampler, mask, req.want_logits))
                 owners.append(req)
-        batch = Batch.build([(r.slot, r.tokens[s:s + n], s, r.blocks) for r, s, n in chunks], outputs)
+        batch = Batch.build([(r.slot, r.tokens[s:s + n], s, r.blocks, len(r.prompt)) for r, s, n in chunks], outputs)
         t0 = time.perf_counter()
         try:
             res = self.backend.step(batch)
@@ -227,7 +227,7 @@ class Scheduler:
             if not self._grow(r, r.computed + k):
                 return False  # the normal step preempts as needed
         outputs = [OutputRow(i, r.params) for i, r in enumerate(run)]
-        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks) for r in run], outputs)
+        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks, len(r.prompt)) for r in run], outputs)
         t0 = time.perf_counter()
         try:
             steps = self.backend.decode_steps(batch, k)

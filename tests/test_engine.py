@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from infr.batch import Batch, OutputRow
 from infr.engine import Model
 from infr.errors import InfrError
 from infr.kvpool import BlockPool, PoolFull, block_hashes
@@ -171,8 +172,11 @@ def test_session_prefill_decode_follow_the_engine(smollm2_path):
     s = model.session()
     assert np.allclose(s.prefill(ids), ref, atol=1e-3)
     nxt = int(np.argmax(ref))
-    step = s.decode(nxt)
-    assert np.allclose(step, alone.forward([nxt], len(ids))[-1], atol=1e-3)
+    step = s.decode(nxt)  # a generated token's row: the CPU takes it alone (gemv), as a decode step does
+    table = {0: list(range(alone.blocks_per_seq))}
+    one = Batch(np.array([nxt], np.int32), np.array([len(ids)], np.int32), np.zeros(1, np.int32), table,
+                [OutputRow(0, GREEDY, want_logits=True)], generated=np.ones(1, bool))
+    assert np.allclose(step, alone.step(one).logits[0], atol=1e-3)
     again = s.prefill(ids[:50] + [7, 8])  # rewinds to 50 tokens, computes 2 (block-aligned reuse)
     assert s.stats.reused_tokens >= 32
     assert np.allclose(again, alone.forward(ids[:50] + [7, 8], 0)[-1], atol=1e-3)
