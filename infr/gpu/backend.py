@@ -3,11 +3,12 @@
 At load: weights are uploaded once in their GGUF block layout, activation
 buffers are planned from the op list, and for a batch shape (T tokens, n
 logit rows) every pipeline, params buffer and bind group is built once and
-cached. A forward call then writes the token ids, each row's position and
-sequence slot (`rows`) and the state buffer (live rows), encodes the prebuilt
-dispatches in one compute pass and reads the logits back. The KV cache is
-paged (docs/gpu_kernels.md): one sequence is slot 0 over an identity block
-table; `run_rows` runs rows of several sequences against a caller's table.
+cached (the ops become dispatches in infr/gpu/lowering.py). A forward call
+then writes the token ids, each row's position and sequence slot (`rows`)
+and the state buffer (live rows), encodes the prebuilt dispatches in one
+compute pass and reads the logits back. The KV cache is paged
+(docs/gpu_kernels.md): one sequence is slot 0 over an identity block table;
+`run_rows` runs rows of several sequences against a caller's table.
 
 WebGPU forbids binding one buffer as read-only and writable in a dispatch,
 so an op that writes a buffer it also reads (`x = x + o`, in-place norms)
@@ -25,15 +26,13 @@ from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.numerics import check_supported, has_penalties
 from infr.gpu import kernels_attention as KA
-from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
-from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_misc as KS
-from infr.gpu import kernels_q8 as KQ
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
+from infr.gpu.lowering import Lowering, find_stacks, is_gate_up, is_residual, is_rope_store, stack_at
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
-from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
+from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm
 from infr.plan import Plan
 from infr.sampling import host_sample
 
@@ -65,7 +64,7 @@ class GPUBackend:
         self._progress = progress  # optional callable(stage, done, total): load progress bars (infr/notebook.py)
         weight_bytes = sum(gf.tensor(n).nbytes for n in plan.weights())
         # Matmuls sharing their input (q, k, v) run as one GEMV over their rows stacked at upload.
-        self.stacks = _find_stacks(plan, gf, self.dev.max_binding)
+        self.stacks = find_stacks(plan, gf, self.dev.max_binding)
         stacked = {name for names in self.stacks for name in names}
         for names in self.stacks:
             tensors = [gf.tensor(n) for n in names]
@@ -515,7 +514,7 @@ class GPUBackend:
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return self._graphs[key][:3]
-        lower = _Lowering(self, T, far, decode)
+        lower = Lowering(self, T, far, decode)
         body = []
         ops = list(self.plan.embed + self.plan.layers)
         i = 0
@@ -523,18 +522,18 @@ class GPUBackend:
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
             lower.ahead = ops[i + 1] if i + 1 < len(ops) else None
             nxt = ops[i + 1] if i + 1 < len(ops) else None
-            fused = lower.gate_up(*ops[i : i + 3]) if _is_gate_up(ops[i : i + 3]) else None
-            stack = _stack_at(ops, i)
+            fused = lower.gate_up(*ops[i : i + 3]) if is_gate_up(ops[i : i + 3]) else None
+            stack = stack_at(ops, i)
             if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
                 body += lower.stacked(ops[i : i + len(stack)], stack)
                 i += len(stack)
             elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
                 body += fused
                 i += 3
-            elif _is_rope_store(ops[i : i + 3]):  # rope(q), rope(k), kv store in one dispatch
+            elif is_rope_store(ops[i : i + 3]):  # rope(q), rope(k), kv store in one dispatch
                 body += lower.rope_store(*ops[i : i + 3])
                 i += 3
-            elif _is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
+            elif is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
                 body += lower.matmul_residual(ops[i], nxt)
                 i += 2
             else:
@@ -560,264 +559,6 @@ class GPUBackend:
     def dispatches_per_token(self) -> int:
         body, head, _ = self._graph(1, 1)
         return len(body) + len(head)
-
-
-class _Lowering:
-    """Turns plan ops into dispatches for one batch shape, tracking which
-    physical buffer holds each named value."""
-
-    def __init__(self, be: GPUBackend, T: int, far: bool = False, decode: bool = False):
-        self.be, self.k, self.rows = be, be.kern, T
-        self.span = "far" if far else "near"  # which attention a "switch" layer keeps
-        self.decode = decode  # a batched decode step: per-row attention kernels (attention_mode)
-        self.phys = {name: 0 for name in be.buffers}
-        self.external: dict[str, object] = {}
-        self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
-        self.q8 = None  # (buffer, K, scratch): whose rounded rows the q8 scratch holds (kernels_q8)
-
-    def current(self, name: str):
-        if name in self.external:
-            return self.external[name]
-        return self.be.buffers[name][self.phys[name]]
-
-    def bind_external(self, name: str, buf) -> None:
-        self.external[name] = buf
-
-    def target(self, name: str, *reads: str):
-        """The buffer to write `name` into; the other half of its pair if the op also reads it."""
-        self.external.pop(name, None)
-        pair = self.be.buffers[name]
-        if name in reads:
-            self.phys[name] ^= 1
-            if len(pair) == 1:  # the second half, made the first time a shape needs it
-                pair.append(self.be._activation(name, 1))
-        if self.q8 is not None and self.q8[0] is pair[self.phys[name]]:
-            self.q8 = None  # overwritten: its rounded rows are stale
-        return pair[self.phys[name]]
-
-    def q8_input(self, x, K: int) -> tuple[list[Dispatch], object]:
-        """x rounded for the Q4_K GEMV: the q8 scratch when it already holds x
-        (q, k, v or gate, up after one norm), else a quantize dispatch first."""
-        if self.q8 is not None and self.q8[0] is x and self.q8[1] == K:
-            return [], self.q8[2]
-        d, xq = KQ.quantize_dispatch(self.k, x, K, self.rows)
-        self.q8 = (x, K, xq)
-        return [d], xq
-
-    def _gemv_q8(self, t, x) -> tuple[list[Dispatch], object]:
-        """([], None) unless weight t runs the int8 GEMV on this graph's batches."""
-        if KG.use_gemm(self.rows, self.be.dev) or not KQ.takes_q8(t):
-            return [], None
-        return self.q8_input(x, int(t.shape[-1]))
-
-    def _mmq(self, t, x):
-        """(quantize dispatches, rounded x) when weight t runs the int8 GEMM
-        (kernels_mmq) on this graph's batches, else None."""
-        if not KMQ.use_mmq(self.rows, self.be.dev, t):
-            return None
-        return self.q8_input(x, int(t.shape[-1]))
-
-    def _matmul(self, t, chunks, x, y, bias, resid=None) -> list[Dispatch]:
-        """y = W·x (+ bias) (+ resid) by the kernel this batch takes for weight t."""
-        if (mq := self._mmq(t, x)) is not None:  # batches: int8 tiled GEMM
-            return mq[0] + KMQ.mmq_dispatches(self.k, t, chunks, mq[1], y, bias, self.rows, resid=resid)
-        if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
-            return KG.gemm_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid)
-        pre, xq = self._gemv_q8(t, x)
-        return pre + KM.matmul_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid, xq=xq)
-
-    def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
-        be = self.be
-        x = self.current(mm.src)
-        resid = self.current(add.dst)
-        y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
-        bias = be.weights[mm.bias][0] if mm.bias else None
-        return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, resid=resid)
-
-    def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
-        be = self.be
-        x = self.current(mms[0].src)
-        ys = [self.target(m.dst, m.src) for m in mms]
-        tensors = [be.gf.tensor(n) for n in names]
-        mixed = KM.is_mixed(tensors)
-        if mixed and any(KMQ.use_mmq(self.rows, be.dev, t) for t in tensors):
-            # A batch over a mixed stack (Q4_K q, k and Q6_K v): each matrix its own kernel, on a view of its rows.
-            parts = KM.stack_parts(tensors, be.weights[names])
-            return [d for m, t, part, y in zip(mms, tensors, parts, ys)
-                    for d in self._matmul(t, part, x, y, be.weights[m.bias][0] if m.bias else None)]
-        if not mixed and (mq := self._mmq(tensors[0], x)) is not None:
-            return mq[0] + KMQ.stacked_dispatches(self.k, tensors, be.weights[names], mq[1], ys,
-                                                  be.stack_bias.get(names), self.rows)
-        if KG.use_gemm(self.rows, self.be.dev):
-            return KG.stacked_gemm_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
-                                              self.rows)
-        pre, xq = self._gemv_q8(tensors[0], x)
-        return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
-                                           self.rows, xq=xq)
-
-    def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
-        be = self.be
-        x = self.current(mg.src)
-        tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
-        chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
-        if KMQ.use_mmq(self.rows, be.dev, tg) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
-            y = self.target(act.dst, mg.src)
-            pre, xq = self.q8_input(x, int(tg.shape[-1]))
-            return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
-        # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch
-        # (as do a pair of two types where the int8 GEMM takes either).
-        mmq_either = KMQ.use_mmq(self.rows, be.dev, tg) or KMQ.use_mmq(self.rows, be.dev, tu)
-        if KG.use_gemm(self.rows, self.be.dev) or not KM.can_pair(tg, tu, chunks_g, chunks_u) or mmq_either:
-            return None  # checked before target() so a refusal leaves the buffer tracking untouched
-        y = self.target(act.dst, mg.src)
-        pre, xq = self._gemv_q8(tg, x)
-        return pre + KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq)
-
-    def rope_store(self, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch]:
-        be, r = self.be, rq.rope
-        a = be.plan.spec.layers[st.layer].attention
-        factors = be.weights[r.freq_factors][0] if r.freq_factors else None
-        return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
-                                    be.k_cache[st.layer], be.v_cache[st.layer], be.paging, rq.n_heads, rk.n_heads,
-                                    a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style, self.rows,
-                                    factors=factors)]
-
-    def _feeds_gemv_q8(self, name: str, width: int) -> bool:
-        """Whether the next op multiplies value `name` (width values a token) in
-        the Q4_K GEMV: its producer then writes it rounded too."""
-        nxt = self.ahead
-        return (
-            width % 256 == 0 and (not KG.use_gemm(self.rows, self.be.dev) or KMQ.use_mmq(self.rows, self.be.dev))
-            and isinstance(nxt, MatMul) and nxt.src == name and KQ.takes_q8(self.be.gf.tensor(nxt.weight))
-        )
-
-    def op(self, op) -> list[Dispatch]:
-        be, T = self.be, self.rows
-        w = be.widths
-        if isinstance(op, MatMul):
-            x = self.current(op.src)
-            bias = be.weights[op.bias][0] if op.bias else None
-            t = be.gf.tensor(op.weight)
-            y = self.target(op.dst, op.src)
-            return self._matmul(t, be.weights[op.weight], x, y, bias)
-        if isinstance(op, RMSNorm):
-            x = self.current(op.src)
-            y = self.target(op.dst, op.src)
-            g = be.weights[op.weight][0]
-            if op.group in (None, w[op.src]) and self._feeds_gemv_q8(op.dst, w[op.src]):  # also rounded
-                d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, g, y, w[op.src], op.eps, T)
-                self.q8 = (y, w[op.src], xq)
-                return [d]
-            return [KS.rmsnorm_dispatch(self.k, x, g, y, w[op.src], op.group, op.eps, T)]
-        if isinstance(op, Rope):
-            r = op.rope
-            factors = be.weights[r.freq_factors][0] if r.freq_factors else None
-            x = self.current(op.buf)
-            return [KS.rope_dispatch(self.k, x, be.paging, op.n_heads, op.head_dim, r.n_rot, r.theta,
-                                     r.freq_scale, r.style, T, factors=factors)]
-        if isinstance(op, StoreKV):
-            a = be.plan.spec.layers[op.layer].attention
-            return [KS.kv_store_dispatch(self.k, self.current(op.k), self.current(op.v), be.k_cache[op.layer],
-                                         be.v_cache[op.layer], be.paging, a.n_kv_heads, a.head_dim, a.v_head_dim, T)]
-        if isinstance(op, Attention):
-            a = op.spec
-            q = self.current(op.q)
-            out = self.target(op.dst, op.q)
-            layers = [la.attention for la in be.plan.spec.layers]
-            # Scores are kept by position: the scratch spans a sequence's longest, blocks_per_seq * BS.
-            scratch = lambda: KA.scratch_for(be, self.k, T, be.blocks_per_seq * be.block_size, max(x.n_heads for x in layers),
-                                             max(x.v_head_dim for x in layers))
-            K = a.n_heads * a.v_head_dim
-            fuse = KS.can_round_output(a.n_heads, a.v_head_dim) and self._feeds_gemv_q8(op.dst, K)
-            xq = KQ.scratch(self.k, K, T) if fuse else None
-            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.paging,
-                                         scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
-                                         a.sliding_window, a.softcap, T, n_ctx=be.n_ctx, xq=xq, span=self.span,
-                                         decode=self.decode)
-            if xq is not None:
-                self.q8 = (out, K, xq)  # the o projection reads the rounded copy
-            return ds
-        if isinstance(op, GatedAct):
-            g, u = self.current(op.gate), self.current(op.up)
-            y = self.target(op.dst, op.gate, op.up)
-            return [KS.gated_dispatch(self.k, g, u, y, T * w[op.gate], op.act)]
-        if isinstance(op, Add):
-            a, b = self.current(op.a), self.current(op.b)
-            y = self.target(op.dst, op.a, op.b)
-            return [KS.add_dispatch(self.k, a, b, y, T * w[op.a])]
-        if isinstance(op, Embed):
-            t = be.gf.tensor(op.table)
-            y = self.target(op.dst)
-            return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
-        if isinstance(op, Softcap):
-            return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
-        raise NotImplementedError(type(op).__name__)
-
-
-def _stack_run(ops, i: int) -> list[MatMul]:
-    """The matmuls from ops[i] on that read one input (2 or 3, none reading another's output)."""
-    run: list[MatMul] = []
-    for op in ops[i : i + 3]:
-        if not isinstance(op, MatMul) or (run and op.src != run[0].src) or op.dst == op.src:
-            break
-        if any(op.src == m.dst or op.dst == m.dst for m in run):
-            break
-        run.append(op)
-    return run if len(run) >= 2 else []
-
-
-def _stack_at(ops, i: int) -> tuple:
-    return tuple(m.weight for m in _stack_run(ops, i))
-
-
-def _find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
-    """Weight-name tuples to stack -> their bias names. gate||up followed by its
-    activation is left to the fused gate_up kernel."""
-    ops = list(plan.layers)
-    out = {}
-    i = 0
-    while i < len(ops):
-        run = _stack_run(ops, i)
-        if not run or _is_gate_up(ops[i : i + 3]):
-            i += 1
-            continue
-        if KM.can_stack([gf.tensor(m.weight) for m in run], max_binding):
-            out[tuple(m.weight for m in run)] = tuple(m.bias for m in run)
-        i += len(run)
-    return out
-
-
-def _is_gate_up(ops) -> bool:
-    """MatMul(g, h), MatMul(u, h), GatedAct(g, u): both products read only by the activation."""
-    if len(ops) != 3:
-        return False
-    mg, mu, act = ops
-    return (
-        isinstance(mg, MatMul) and isinstance(mu, MatMul) and isinstance(act, GatedAct)
-        and mg.src == mu.src and not mg.bias and not mu.bias
-        and (act.gate, act.up) == (mg.dst, mu.dst) and mg.dst != mu.dst
-    )
-
-
-def _is_rope_store(ops) -> bool:
-    """Rope(q), Rope(k) with one RopeSpec, then StoreKV of that k: one rope_kv dispatch."""
-    if len(ops) != 3:
-        return False
-    rq, rk, st = ops
-    return (
-        isinstance(rq, Rope) and isinstance(rk, Rope) and isinstance(st, StoreKV)
-        and rq.rope == rk.rope and rq.head_dim == rk.head_dim and rk.buf == st.k
-        and len({rq.buf, rk.buf, st.v}) == 3 and rq.head_dim <= 512
-    )
-
-
-def _is_residual(op, nxt) -> bool:
-    """MatMul(o) then Add(x, x, o): the plan's residual adds. The matmul's own
-    output is read by that Add alone (the plan builder writes it so)."""
-    return (
-        isinstance(op, MatMul) and isinstance(nxt, Add) and nxt.dst != op.dst
-        and {nxt.a, nxt.b} == {nxt.dst, op.dst}
-    )
 
 
 def _bucket(n: int) -> int:

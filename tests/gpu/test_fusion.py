@@ -35,14 +35,15 @@ def test_matmul_adds_residual(gpu, kernels, qtype, T):
 
 def test_plan_residual_adds_are_fused(smollm2_path, gemma3_path, gpu):
     from infr.gguf_file import open_gguf
-    from infr.gpu.backend import GPUBackend, _is_residual
+    from infr.gpu.backend import GPUBackend
+    from infr.gpu.lowering import is_residual
     from infr.models import build_spec
     from infr.plan import build_plan
 
     for path, expected in ((smollm2_path, 2), (gemma3_path, 0)):  # Gemma norms the output first
         plan = build_plan(build_spec(open_gguf(path)))
         ops = list(plan.layers)
-        fused = sum(_is_residual(a, b) for a, b in zip(ops, ops[1:]))
+        fused = sum(is_residual(a, b) for a, b in zip(ops, ops[1:]))
         assert fused == expected * plan.spec.n_layers
     gf = open_gguf(smollm2_path)
     plan = build_plan(build_spec(gf))
