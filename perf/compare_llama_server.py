@@ -16,7 +16,8 @@ tokens of context (the multi-turn shape). llama-server is driven by
 infr.llamacpp (token-id prompts, ignore_eos, greedy, its own `timings`).
 Knobs: LLAMA_SERVER (else llama-server on PATH), COMPARE_PP, COMPARE_TG,
 COMPARE_DEPTH (0 drops the deep tests), COMPARE_DEPTH_PP, COMPARE_DEPTH_TG,
-COMPARE_REPS, COMPARE_GEMV="2,2;1,1" (also GEMV tunings R,U: INFR_GEMV_R / _U).
+COMPARE_REPS, COMPARE_GEMV="2,2;1,1,1" (also GEMV tunings R,U[,NT]: INFR_GEMV_R / _U / _NT;
+an empty first entry keeps the defaults).
 Writes one JSON to $OUT (or perf/) with the adapter, the commands and the date.
 `infr compare MODEL` is the same comparison for any model and backend.
 """
@@ -145,11 +146,10 @@ def main() -> None:
         t0 = time.perf_counter()
         path = bench.model_path("synth:" + ref)
         entry = {"file": path.name, "synth_seconds": time.perf_counter() - t0, "tensor_types": tensor_types(path)}
-        # COMPARE_GEMV="2,2;1,1" also measures GEMV tunings (INFR_GEMV_R, INFR_GEMV_U); the first is "infr".
+        # COMPARE_GEMV="2,2;1,1,1" also measures GEMV tunings (INFR_GEMV_R, _U, _NT); the first is "infr".
         for i, tuning in enumerate(os.environ.get("COMPARE_GEMV", "").split(";")):
             if tuning:
-                r, u = tuning.split(",")
-                os.environ.update(INFR_GEMV_R=r, INFR_GEMV_U=u)
+                os.environ.update(zip(("INFR_GEMV_R", "INFR_GEMV_U", "INFR_GEMV_NT"), tuning.split(",")))
             key = "infr" if i == 0 else f"infr_gemv{tuning.replace(',', '_')}"
             try:
                 entry[key] = infr_side(path)

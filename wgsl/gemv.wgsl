@@ -28,7 +28,11 @@
 // with subgroupAdd, and across subgroups through shared memory; SG = 0 uses
 // a shared-memory tree. Params, the output bindings and the row epilogue come
 // from matmul_common.wgsl (x_stride: vec4 between tokens of xq);
-// dispatch (ceil(N_chunk / ROWS_PER_WG), T, 1).
+// NT > 1 (small batches): a workgroup takes NT tokens, each team's weight
+// loads meet every token's activations, so a batch of T tokens reads the
+// weights ceil(T / NT) times from memory instead of T times; the repeated
+// reads of a block for the next token come from the cache.
+// dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
@@ -41,6 +45,7 @@
 
 const R: u32 = {{R}}u;        // weight rows per team
 const U: u32 = {{U}}u;        // block steps unrolled
+const NT: u32 = {{NT}}u;      // tokens per workgroup
 const SG: u32 = {{SG}}u;      // subgroup size used for the reduction; 0 = none
 const SG_PER_TEAM: u32 = TEAM / max(SG, 1u);
 const PAIR: bool = {{PAIR}};
@@ -54,7 +59,8 @@ const TEAMS: u32 = WG / TEAM;
 const OUT: u32 = select(R, 1u, PAIR);  // output rows per team
 const LO: u32 = 0x0F0F0F0Fu;
 
-var<workgroup> partial: array<f32, WG * R>;
+const RN: u32 = R * NT;       // sums per lane: row i of token j at j * R + i
+var<workgroup> partial: array<f32, WG * RN>;
 
 // Stands in for subgroupAdd where the adapter has no subgroups (that branch never runs).
 fn no_subgroups(v: f32) -> f32 {
@@ -141,6 +147,22 @@ fn x_q6k(xrow: u32, xsc: u32, bc: u32, p: u32) -> XL {
     return XL(xq[o], xq[o + 4u], xscale(xsc, bc, 4u * n + j), xscale(xsc, bc, 4u * n + 2u + j));
 }
 
+// A lane's 32 weights as a reader hands them over: two runs of 16 int8 (qa
+// meets x.a, qb x.b) and their factors, so that the lane's share of the dot
+// product is c.x dx_a qa.xa + c.y dx_b qb.xb + c.z (dx_a sum xa) + c.w (dx_b sum xb):
+// scales in c.xy, a min or an offset (Q4_0's -8) in c.zw. Read once, they meet
+// the activations of each of the workgroup's NT tokens.
+struct WB {
+    qa: vec4<u32>,
+    qb: vec4<u32>,
+    c: vec4<f32>,
+}
+
+fn wdot(w: WB, x: XL) -> f32 {
+    return w.c.x * x.sa.x * f32(dot16(w.qa, x.a)) + w.c.y * x.sb.x * f32(dot16(w.qb, x.b))
+         + w.c.z * x.sa.y + w.c.w * x.sb.y;
+}
+
 // --- the readers of this kernel, and which one a row takes
 
 {{READERS}}
@@ -155,14 +177,14 @@ fn seg_x(seg: u32, xrow: u32, xsc: u32, bc: u32, p: u32) -> XL {
     return {{X2}}(xrow, xsc, bc, p);
 }
 
-fn seg_dot(seg: u32, slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn seg_w(seg: u32, slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     if (ONE_TYPE || seg == 0u) {
-        return {{DOT0}}(slot, rb, bc, p, x);
+        return {{DOT0}}(slot, rb, bc, p);
     }
     if (seg == 1u) {
-        return {{DOT1}}(slot, rb, bc, p, x);
+        return {{DOT1}}(slot, rb, bc, p);
     }
-    return {{DOT2}}(slot, rb, bc, p, x);
+    return {{DOT2}}(slot, rb, bc, p);
 }
 
 // Row r's reader (0..2) and the byte its row starts at.
@@ -192,7 +214,8 @@ fn row_base(seg: u32, r: u32) -> u32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     {{PROLOGUE}}
-    if (wid.y >= params.T) {
+    let t0 = wid.y * NT;  // the workgroup's first token
+    if (t0 >= params.T) {
         return;
     }
     let team = tid / TEAM;
@@ -201,8 +224,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let first = (wid.x * TEAMS + team) * OUT;  // the team's first output row
     let nsub = params.K / 32u;  // 32-value sub-blocks per row
     let nch = (nsub + 7u) / 8u;  // 256-value chunks (the last may be partial)
-    let xrow = wid.y * params.x_stride;
-    let xsc = xrow + params.K / 16u;
+    let xk = params.K / 16u;  // the scales' offset in a token's row of xq
     var base: array<u32, R>;
     var seg: array<u32, R>;
     for (var i = 0u; i < R; i++) {
@@ -211,7 +233,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         seg[i] = row_seg(i, r);
         base[i] = row_base(seg[i], r);
     }
-    var acc: array<f32, R>;
+    var acc: array<f32, RN>;
     for (var b0 = lane / 8u; b0 < nch; b0 += 4u * U) {
         for (var u = 0u; u < U; u++) {
             let sb = 8u * (b0 + 4u * u) + part;
@@ -219,70 +241,83 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let s = min(sb, nsub - 1u);  // idle lanes read the last sub-block
             let bc = s / 8u;
             let p = s % 8u;
-            var x: XL;
-            if (SAME_X) {
-                x = seg_x(0u, xrow, xsc, bc, p);
-            }
+            var wb: array<WB, R>;
             for (var i = 0u; i < R; i++) {
-                if (!SAME_X) {
-                    x = seg_x(seg[i], xrow, xsc, bc, p);
+                wb[i] = seg_w(seg[i], select(0u, i, PAIR), base[i], bc, p);
+            }
+            for (var j = 0u; j < NT; j++) {
+                // Tokens past T (the batch's last workgroup) read token T - 1 and are not stored.
+                let xrow = min(t0 + j, params.T - 1u) * params.x_stride;
+                var x: XL;
+                if (SAME_X) {
+                    x = seg_x(0u, xrow, xrow + xk, bc, p);
                 }
-                let v = seg_dot(seg[i], select(0u, i, PAIR), base[i], bc, p, x);
-                acc[i] += select(0.0, v, live);
+                for (var i = 0u; i < R; i++) {
+                    if (!SAME_X) {
+                        x = seg_x(seg[i], xrow, xrow + xk, bc, p);
+                    }
+                    acc[j * R + i] += select(0.0, wdot(wb[i], x), live);
+                }
             }
         }
     }
 
     // Team sums, ending in lane 0.
-    var tot: array<f32, R>;
+    var tot: array<f32, RN>;
     if (SG == TEAM) {
-        for (var i = 0u; i < R; i++) {
+        for (var i = 0u; i < RN; i++) {
             tot[i] = {{SUBGROUP_ADD}}(acc[i]);
         }
     } else if (SG > 0u) {
-        for (var i = 0u; i < R; i++) {
+        for (var i = 0u; i < RN; i++) {
             let s = {{SUBGROUP_ADD}}(acc[i]);
             if (tid % max(SG, 1u) == 0u) {
-                partial[(tid / max(SG, 1u)) * R + i] = s;
+                partial[(tid / max(SG, 1u)) * RN + i] = s;
             }
         }
         workgroupBarrier();
         if (lane == 0u) {
-            for (var i = 0u; i < R; i++) {
+            for (var i = 0u; i < RN; i++) {
                 var s = 0.0;
                 for (var k = 0u; k < SG_PER_TEAM; k++) {
-                    s += partial[(tid / max(SG, 1u) + k) * R + i];
+                    s += partial[(tid / max(SG, 1u) + k) * RN + i];
                 }
                 tot[i] = s;
             }
         }
     } else {
-        for (var i = 0u; i < R; i++) {
+        for (var i = 0u; i < RN; i++) {
             partial[i * WG + tid] = acc[i];
         }
         workgroupBarrier();
         for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
             if (lane < s) {
-                for (var i = 0u; i < R; i++) {
+                for (var i = 0u; i < RN; i++) {
                     partial[i * WG + tid] += partial[i * WG + tid + s];
                 }
             }
             workgroupBarrier();
         }
-        for (var i = 0u; i < R; i++) {
+        for (var i = 0u; i < RN; i++) {
             tot[i] = partial[i * WG + tid];
         }
     }
     if (lane == 0u) {
-        if (PAIR) {
-            if (first < params.N) {
-                let g = tot[0];
-                {{STORE}}(first, wid.y, select(silu(g), gelu(g), ACT_GELU) * tot[R - 1u]);
+        for (var j = 0u; j < NT; j++) {
+            let t = t0 + j;
+            if (t >= params.T) {
+                break;
             }
-        } else {
-            for (var i = 0u; i < R; i++) {
-                if (first + i < params.N) {
-                    {{STORE}}(first + i, wid.y, tot[i]);
+            if (PAIR) {
+                if (first < params.N) {
+                    let g = tot[j * R];
+                    {{STORE}}(first, t, select(silu(g), gelu(g), ACT_GELU) * tot[j * R + R - 1u]);
+                }
+            } else {
+                for (var i = 0u; i < R; i++) {
+                    if (first + i < params.N) {
+                        {{STORE}}(first + i, t, tot[j * R + i]);
+                    }
                 }
             }
         }

@@ -28,8 +28,9 @@ fn iq4_bytes(q: vec4<u32>, shift: u32) -> vec4<u32> {
     return out;
 }
 
-fn dot_iq4_nl(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_iq4_nl(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 144u + 18u * p;
     let q = wide16(slot, b + 2u);
-    return wf16(slot, b) * x.sa.x * f32(dot16(iq4_bytes(q, 0u), x.a) + dot16(iq4_bytes(q, 4u), x.b));
+    let d = wf16(slot, b);
+    return WB(iq4_bytes(q, 0u), iq4_bytes(q, 4u), vec4<f32>(d, d, 0.0, 0.0));
 }

@@ -3,9 +3,9 @@
 // 16..31), from any even byte. v = d (q - 8), so the block's sum is
 // d (dx sum q qx - 8 dx sum qx).
 
-fn dot_q4_0(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q4_0(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 144u + 18u * p;
     let q = wide16(slot, b + 2u);
-    let i = dot16(q & vec4<u32>(LO), x.a) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(LO), x.b);
-    return wf16(slot, b) * (x.sa.x * f32(i) - 8.0 * x.sa.y);
+    let d = wf16(slot, b);
+    return WB(q & vec4<u32>(LO), (q >> vec4<u32>(4u)) & vec4<u32>(LO), vec4<f32>(d, d, -8.0 * d, 0.0));
 }

@@ -2,10 +2,9 @@
 // chunk, 20 bytes = f16 d, f16 m, 16 bytes of nibbles as Q4_0 (4-byte
 // aligned). v = d q + m: d dx sum q qx + m dx sum qx.
 
-fn dot_q4_1(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q4_1(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 160u + 20u * p;
     let dm = unpack2x16float(wword(slot, b));
     let q = wide16(slot, b + 4u);
-    let i = dot16(q & vec4<u32>(LO), x.a) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(LO), x.b);
-    return dm.x * x.sa.x * f32(i) + dm.y * x.sa.y;
+    return WB(q & vec4<u32>(LO), (q >> vec4<u32>(4u)) & vec4<u32>(LO), vec4<f32>(dm.x, dm.x, dm.y, 0.0));
 }

@@ -11,9 +11,9 @@ fn bytes6(v: u32) -> vec4<f32> {
 }
 
 // One lane's share of a Q4_K / Q5_K block: header hd, the 32 quants as bytes
-// (qa: sub-block 2c, qb: 2c + 1), the lane's activations x. Only the lanes
-// with hh = 0 add the mins' term, which covers whole sub-blocks.
-fn k_part(hd: vec4<u32>, qa: vec4<u32>, qb: vec4<u32>, p: u32, x: XL) -> f32 {
+// (qa: sub-block 2c, qb: 2c + 1). Only the lanes with hh = 0 take the mins'
+// term, which covers whole sub-blocks.
+fn k_weights(hd: vec4<u32>, qa: vec4<u32>, qb: vec4<u32>, p: u32) -> WB {
     let dm = unpack2x16float(hd.x);
     // 6-bit scales and mins of sub-blocks 2c and 2c + 1 (k_scales layout)
     let sc_lo = bytes6(hd.y & 0x3F3F3F3Fu);
@@ -22,19 +22,18 @@ fn k_part(hd: vec4<u32>, qa: vec4<u32>, qb: vec4<u32>, p: u32, x: XL) -> f32 {
     let i1 = i0 + 1u;
     let sa = select(sc_lo[i0 & 3u], sc_hi[i0 & 3u], i0 >= 4u);
     let sb = select(sc_lo[i1 & 3u], sc_hi[i1 & 3u], i1 >= 4u);
-    var v = dm.x * (sa * x.sa.x * f32(dot16(qa, x.a)) + sb * x.sb.x * f32(dot16(qb, x.b)));
+    var mins = vec2<f32>(0.0);
     if ((p & 1u) == 0u) {
         let mn_lo = bytes6(hd.z & 0x3F3F3F3Fu);
         let mn_hi = bytes6(((hd.w >> 4u) & 0x0F0F0F0Fu) | ((hd.z >> 2u) & 0x30303030u));
-        let ma = select(mn_lo[i0 & 3u], mn_hi[i0 & 3u], i0 >= 4u);
-        let mb = select(mn_lo[i1 & 3u], mn_hi[i1 & 3u], i1 >= 4u);
-        v -= dm.y * (ma * x.sa.y + mb * x.sb.y);
+        mins = -dm.y * vec2<f32>(select(mn_lo[i0 & 3u], mn_hi[i0 & 3u], i0 >= 4u),
+                                 select(mn_lo[i1 & 3u], mn_hi[i1 & 3u], i1 >= 4u));
     }
-    return v;
+    return WB(qa, qb, vec4<f32>(dm.x * sa, dm.x * sb, mins));
 }
 
-fn dot_q4_k(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q4_k(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let v = rb / 16u + bc * 9u;
     let q = wvec(slot, v + 1u + p);
-    return k_part(wvec(slot, v), q & vec4<u32>(LO), (q >> vec4<u32>(4u)) & vec4<u32>(LO), p, x);
+    return k_weights(wvec(slot, v), q & vec4<u32>(LO), (q >> vec4<u32>(4u)) & vec4<u32>(LO), p);
 }

@@ -16,7 +16,7 @@ fn q5_bytes(qh: u32, q: vec4<u32>) -> array<vec4<u32>, 2> {
     return array<vec4<u32>, 2>((q & vec4<u32>(LO)) | bit4s(lo), ((q >> vec4<u32>(4u)) & vec4<u32>(LO)) | bit4s(hi));
 }
 
-fn dot_q5_0(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q5_0(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 176u + 22u * p;
     let i = (b + 2u) >> 4u;
     let s = (b + 2u) & 15u;
@@ -25,5 +25,5 @@ fn dot_q5_0(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
     let r1 = realign(v1, wvec(slot, i + 2u), s);  // nibble bytes 12..15, ...
     let q = q5_bytes(r0.x, vec4<u32>(r0.yzw, r1.x));
     let d = wf16(slot, b);
-    return d * (x.sa.x * f32(dot16(q[0], x.a) + dot16(q[1], x.b)) - 16.0 * x.sa.y);
+    return WB(q[0], q[1], vec4<f32>(d, d, -16.0 * d, 0.0));
 }

@@ -3,7 +3,7 @@
 // aligned: two aligned vec4); quants as Q5_0, v = d q + m.
 // #include gemv_q5_0
 
-fn dot_q5_1(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q5_1(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 192u + 24u * p;
     let i = b >> 4u;
     let v0 = wvec(slot, i);
@@ -12,5 +12,5 @@ fn dot_q5_1(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
     let head = select(v0.xy, v0.zw, odd);  // d|m, qh
     let q = q5_bytes(head.y, select(vec4<u32>(v0.zw, v1.xy), v1, odd));
     let dm = unpack2x16float(head.x);
-    return dm.x * x.sa.x * f32(dot16(q[0], x.a) + dot16(q[1], x.b)) + dm.y * x.sa.y;
+    return WB(q[0], q[1], vec4<f32>(dm.x, dm.x, dm.y, 0.0));
 }

@@ -16,7 +16,7 @@ fn i8at(slot: u32, a: u32) -> f32 {
     return f32(bitcast<i32>(wword(slot, a) << (24u - 8u * (a & 3u))) >> 24u);
 }
 
-fn dot_q6_k(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
+fn w_q6_k(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
     let b = rb + bc * 210u;
     let i = b >> 4u;
     let s = b & 15u;
@@ -30,7 +30,6 @@ fn dot_q6_k(slot: u32, rb: u32, bc: u32, p: u32, x: XL) -> f32 {
     let qa = (ql & vec4<u32>(LO)) | (((qh >> vec4<u32>(2u * j)) & three) << vec4<u32>(4u));
     let qb = ((ql >> vec4<u32>(4u)) & vec4<u32>(LO)) | (((qh >> vec4<u32>(2u * j + 4u)) & three) << vec4<u32>(4u));
     let m = b + 192u + 8u * n + 2u * j + hh;  // the scale of qa's 16 values; qb's is 4 further
-    let ia = f32(dot16(minus32(qa), x.a));
-    let ib = f32(dot16(minus32(qb), x.b));
-    return wf16(slot, b + 208u) * (i8at(slot, m) * x.sa.x * ia + i8at(slot, m + 4u) * x.sb.x * ib);
+    let d = wf16(slot, b + 208u);
+    return WB(minus32(qa), minus32(qb), vec4<f32>(d * i8at(slot, m), d * i8at(slot, m + 4u), 0.0, 0.0));
 }

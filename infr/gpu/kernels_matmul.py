@@ -99,41 +99,50 @@ def has_gemv(qtype, K: int) -> bool:
 @dataclass(frozen=True)
 class GemvTuning:
     """How the GEMV is compiled: R weight rows per team (the activations are
-    loaded once for all of them), U block steps unrolled, and the subgroup
-    size its reductions use (0: shared memory only). INFR_GEMV_R / INFR_GEMV_U
-    / INFR_GEMV_SG override (for measuring). With 8-bit activations one row
-    and two steps in flight measured best on the H200 for every Llama shape
-    (Q4_K; perf/h200/gemv-bench-2026-12-01-q8.json)."""
+    loaded once for all of them), U block steps unrolled, the subgroup size
+    its reductions use (0: shared memory only), and NT, the most tokens one
+    workgroup takes (a batch of T tokens reads the weights ceil(T / NT)
+    times). INFR_GEMV_R / _U / _SG / _NT override (for measuring). With
+    8-bit activations one row and two steps in flight measured best on the
+    H200 for every Llama shape (Q4_K; perf/h200/gemv-bench-2026-12-01-q8.json)."""
 
     R: int = 1
     U: int = 2
     SG: int = 0
+    NT: int = 8
 
     @classmethod
     def for_device(cls, dev: Device) -> "GemvTuning":
         sg = dev.subgroup_size or 0
         sg = sg if sg and 32 % sg == 0 else 0  # teams are 32 lanes: whole subgroups only
-        env = {k: int(os.environ[f"INFR_GEMV_{k}"]) for k in ("R", "U", "SG") if os.environ.get(f"INFR_GEMV_{k}")}
+        keys = ("R", "U", "SG", "NT")
+        env = {k: int(os.environ[f"INFR_GEMV_{k}"]) for k in keys if os.environ.get(f"INFR_GEMV_{k}")}
         t = cls(**{"SG": sg, **env})
-        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG and 32 % t.SG):
+        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
 
+    def tokens(self, T: int) -> int:
+        """Tokens per workgroup for a batch of T: T rounded up to a power of two, at most NT."""
+        return min(1 << max(int(T) - 1, 0).bit_length(), self.NT)
 
-def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False):
+
+def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
     split's segment types) for a plain product, the fused gate||up with
-    activation `pair_act`, or the stacked q|k|v with `split`; and its output
-    rows per workgroup."""
+    activation `pair_act`, or the stacked q|k|v with `split`, for batches of
+    T tokens; its output rows per workgroup and its tokens per workgroup."""
     t = GemvTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change between models
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
     R, U = (2, t.U) if pair else (t.R, t.U)  # a pair's two rows are its gate and up
+    nt = t.tokens(T)
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
-        R=R, U=U, SG=t.SG, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(), SPLIT=str(split).lower(),
+        R=R, U=U, SG=t.SG, NT=nt, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(),
+        SPLIT=str(split).lower(),
         SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
         W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
@@ -142,10 +151,10 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
         PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
         SAME_X=str(len(set(fams)) == 1).lower(), ONE_TYPE=str(len(set(qs)) == 1).lower(),
-        **{f"DOT{i}": f"dot_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
+        **{f"DOT{i}": f"w_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
     )
     pipe = kernels.pipeline("gemv", "main", **consts)
-    return pipe, GEMV_TEAMS * (1 if pair else R)
+    return pipe, GEMV_TEAMS * (1 if pair else R), nt
 
 
 def rows_per_workgroup(qtype) -> int:
@@ -271,7 +280,7 @@ def matmul_dispatches(
     rb = row_bytes(q, K)
     out = []
     if has_gemv(q, K):  # int8 activations, a team of lanes reads each block together
-        pipe, rows_wg = gemv_pipeline(kernels, q)
+        pipe, rows_wg, nt = gemv_pipeline(kernels, q, T=T)
         label = f"gemv_{wgsl_name(q)}"
         if xq is None:
             quant, xq = KQ.quantize_dispatch(kernels, x, K, T, x_stride)
@@ -284,12 +293,12 @@ def matmul_dispatches(
                                   resid=resid)
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
-        label = f"matmul_{wgsl_name(q)}"
+        label, nt = f"matmul_{wgsl_name(q)}", 1
     b = bias if bias is not None else _no_bias(kernels)
     for buf, row0, rows in chunks:
         data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
-        groups = (-(-rows // rows_wg), T, 1)
+        groups = (-(-rows // rows_wg), -(-T // nt), 1)
         r = resid if resid is not None else _no_bias(kernels)
         out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b, r]), groups, f"{label} {N}x{K}", rows * rb))
     return out
@@ -320,7 +329,7 @@ def gate_up_dispatches(
         return None
     qg, qu = as_qtype(wg.qtype), as_qtype(wu.qtype)
     K, N = int(wg.shape[-1]), int(wg.shape[0])
-    pipe, rows_wg = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act))
+    pipe, rows_wg, nt = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), T=T)
     rb, rb2 = row_bytes(qg, K), row_bytes(qu, K)
     none = _no_bias(kernels)
     out = []
@@ -332,7 +341,7 @@ def gate_up_dispatches(
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
         p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2),
                     label="gate_up.params", uniform=True)
-        groups = (-(-rows // rows_wg), T, 1)
+        groups = (-(-rows // rows_wg), -(-T // nt), 1)
         bind = kernels.bind(pipe, [p, bg, x, y, none, none, bu])
         out.append(Dispatch(pipe, bind, groups, f"gemv_{name}_gate_up {N}x{K}", rows * (rb + rb2)))
     return out
@@ -398,7 +407,7 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, x
     K = int(tensors[0].shape[-1])
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    pipe, rows_wg = gemv_pipeline(kernels, qs, split=True)
+    pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
     layout = stack_layout(tensors) + [(0, 0)]
@@ -417,7 +426,7 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, x
     bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
     name = wgsl_name(qs[0]) if not is_mixed(tensors) else "_".join(dict.fromkeys(wgsl_name(q) for q in qs))
     label = f"gemv_{name}_stacked {'+'.join(map(str, sizes))}x{K}"
-    return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), T, 1), label, sum(n for _, n in layout))]
+    return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), -(-T // nt), 1), label, sum(n for _, n in layout))]
 
 
 def embed_dispatches(kernels: Kernels, w, chunks, ids, y, scale: float, T: int, K: int | None = None) -> list[Dispatch]:

@@ -2,7 +2,7 @@
 CPU reference: matmul_input(x, qtype) @ dequantize(W).T, gguf's dequantizer,
 float64 sums.
 
-Shapes are odd: N not a multiple of the 8 rows per workgroup, T = 1..5, K of
+Shapes are odd: N not a multiple of the 8 rows per workgroup, T = 1..19, K of
 one partial chunk (64 values: 32-value types), of chunks and a partial one
 (640), of several 256-value blocks; with bias, the fused residual add, the
 stacked q|k|v split (one type, and mixed as a Q4_K_M layer's Q4_K q, k with
@@ -59,7 +59,10 @@ def test_rounded_types_are_the_gemv_types():
 
 
 # (N, k32, k256, T, bias, resid)
-SHAPES = [(67, 640, 768, 1, True, False), (13, 64, 256, 3, False, True), (9, 512, 512, 5, True, True)]
+# T past 1: a workgroup takes up to GemvTuning.NT tokens (T = 3, 5: one workgroup with idle token
+# slots; T = 19: three, the last one part full)
+SHAPES = [(67, 640, 768, 1, True, False), (13, 64, 256, 3, False, True), (9, 512, 512, 5, True, True),
+          (11, 64, 256, 19, True, True)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-T{s[3]}")
