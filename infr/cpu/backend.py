@@ -164,27 +164,38 @@ class CPUBackend:
             raise NotImplementedError(type(op).__name__)
 
     def _attention(self, op: Attention, q: np.ndarray, ctx: "_Rows") -> np.ndarray:
-        """Each sequence's rows over that sequence's keys, gathered from its blocks."""
+        """Each sequence's rows over that sequence's keys, gathered from its blocks: its prompt rows
+        in one padded product, its generated rows one at a time (as they ran when decoded), so a
+        row's output is the same however the sequence's rows were chunked or recomputed."""
         a = op.spec
         kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
         out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
+        gen = ctx.generated
         for sel, keys in ctx.groups(self.block_size):
-            out[sel] = F.attention(q[sel], kc[keys], vc[keys], ctx.pos[sel], len(keys), a.n_heads, a.scale,
-                                   a.sliding_window, a.softcap)
+            k, v = kc[keys], vc[keys]
+            one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
+            rows = sel[~one]
+            if len(rows):
+                out[rows] = F.attention(q[rows], k, v, ctx.pos[rows], len(keys), a.n_heads, a.scale,
+                                        a.sliding_window, a.softcap, padded=True)
+            for r in sel[one]:  # over its own keys only, as when it was decoded
+                n = int(ctx.pos[r]) + 1
+                out[r : r + 1] = F.attention(q[r : r + 1], k[:n], v[:n], ctx.pos[r : r + 1], n, a.n_heads, a.scale,
+                                             a.sliding_window, a.softcap)
         return out
 
 
 def _matmul(x: np.ndarray, wt: np.ndarray, generated: np.ndarray | None) -> np.ndarray:
-    """x @ wt with every row's sums independent of the other rows. BLAS sums a lone row (gemv) in
-    another order than rows of a gemm, and a gemm's rows agree whatever their number past one. So
-    generated tokens' rows (decode) go through gemv one at a time, and prompt rows through one gemm,
-    a lone prompt row padded to two. Padding every decode row instead made gemm pack the whole weight
-    per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s. Decode rows one by one match
-    the gemm up to ~10 rows (measured on SmolLM2's shapes, OpenBLAS, one and two threads)."""
+    """x @ wt with every row's sums independent of the other rows. BLAS sums a lone row (gemv) and a
+    small product in other orders than a gemm, and a gemm's rows agree whatever their number. So
+    generated tokens' rows (decode) go through gemv one at a time, and prompt rows through one gemm
+    padded past the small-matrix size (F.padded_matmul). With 8-bit activations a one-ulp
+    difference can cross a rounding step, and a prompt's text then depended on how much of it the
+    prefix cache held. Padding every decode row instead made gemm pack the whole weight per row:
+    SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s; decode rows one by one match the
+    gemm up to ~10 rows (SmolLM2's shapes, OpenBLAS, one and two threads)."""
     if generated is None or not generated.any():
-        if x.shape[0] == 1:
-            return (np.concatenate([x, x]) @ wt)[:1]
-        return x @ wt
+        return F.padded_matmul(x, wt)
     y = np.empty((x.shape[0], wt.shape[1]), np.float32)
     for i in np.flatnonzero(generated):
         y[i] = x[i] @ wt

@@ -9,6 +9,23 @@ from infr.models.spec import Activation, RopeSpec, RopeStyle
 
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
+# OpenBLAS (0.3.31, Haswell kernels) runs an sgemm of M·N·K up to about 1e6 through its small-matrix
+# kernels, whose sums differ from the regular gemm's (SmolLM2's k and v, 192 x 576, at up to 6 rows);
+# past that a row's sums do not depend on how many rows the gemm has.
+SMALL_GEMM = 1_000_000
+
+
+def padded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b (a [..., M, K], b [..., K, N]) with a's rows padded with zeros past the small-matrix
+    size (two at least), so each row's sums are those of any larger gemm: the same whether the row
+    came in a chunk of 5 or of 37 (with 8-bit activations one ulp can cross a rounding step)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    pad = max(2, SMALL_GEMM // max(k * n, 1) + 1) - m
+    if pad <= 0:
+        return np.matmul(a, b)
+    zeros = np.zeros(a.shape[:-2] + (pad, k), a.dtype)
+    return np.matmul(np.concatenate([a, zeros], axis=-2), b)[..., :m, :]
+
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, group: int | None = None) -> np.ndarray:
     shape = x.shape
@@ -68,8 +85,11 @@ def attention(
     scale: float,
     window: int | None,
     softcap: float | None,
+    padded: bool = False,
 ) -> np.ndarray:
-    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them)."""
+    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them). padded: the
+    products through padded_matmul (a row's result the same in a chunk of any length)."""
+    mm = padded_matmul if padded else np.matmul
     t = q.shape[0]
     n_kv_heads, d = k_cache.shape[1], k_cache.shape[2]
     dv = v_cache.shape[2]
@@ -79,7 +99,7 @@ def attention(
     # llama.cpp multiplies f16 K and V by f16-rounded q and probabilities.
     q = q.astype(np.float16).astype(np.float32)
     qh = q.reshape(t, n_kv_heads, group, d).transpose(1, 0, 2, 3).reshape(n_kv_heads, t * group, d)
-    scores = np.matmul(qh, k) * np.float32(scale)  # [Hkv, T*group, n_kv]
+    scores = mm(qh, k) * np.float32(scale)  # [Hkv, T*group, n_kv]
     if softcap:
         scores = np.tanh(scores / softcap) * softcap
     k_pos = np.arange(n_kv)
@@ -91,6 +111,6 @@ def attention(
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
-    out = np.matmul(p.astype(np.float16).astype(np.float32), v)  # [Hkv, T*group, Dv]
+    out = mm(p.astype(np.float16).astype(np.float32), v)  # [Hkv, T*group, Dv]
     return out.reshape(n_kv_heads, t, group, dv).transpose(1, 0, 2, 3).reshape(t, n_heads * dv)
 

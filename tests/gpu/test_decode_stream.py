@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from closeness import assert_logits_close, assert_same_top1, rounds_activations
 from infr.cpu import sample as ref
 from infr.cpu.backend import CPUBackend
 from infr.engine import Model
@@ -130,7 +131,14 @@ def test_generate_stops_at_eog_with_the_yielded_tokens(model, monkeypatch):
     reused = session.prefill(follow)
     bs = model.pool.block_size  # the prefix cache keeps whole blocks of what was run
     assert session.stats.reused_tokens == (len(prompt) + len(out)) // bs * bs
-    np.testing.assert_allclose(reused, be.forward(follow, 0)[-1], atol=2e-2, rtol=0)
+    # Decode steps (the GEMV) wrote the generated tokens' KV, one prefill (the tiled mmq) writes it
+    # here: with 8-bit activations (SmolLM2's Q4_1) the two differ by rounding jumps (tests/closeness.py),
+    # not by misplaced keys. Measured on lavapipe: RMS 0.32 of logits of RMS 4.7 (6.8 %); all-GEMV or
+    # all-mmq runs (INFR_MMQ_MIN_T=0 / 2) give equal logits, and a misplaced key moves them by ~100 %.
+    fresh = be.forward(follow, 0)[-1]
+    q8 = rounds_activations(model.gguf, model.plan)
+    assert_logits_close(reused, fresh, q8, rms_frac=0.1)
+    assert_same_top1(reused[None], fresh[None], q8)
     # A caller that stops early: the session holds what it was given, and the engine frees the rest.
     session = model.session()
     gen = session.generate(prompt, SamplingParams(temperature=0), max_new=48)
