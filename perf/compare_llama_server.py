@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infr import bench, llamacpp, synth
 from infr.compare import workloads
 from infr.gguf_file import open_gguf
+from infr.gpu import tuning as TU
 
 REPS = int(os.environ.get("COMPARE_REPS", "3"))
 PP = int(os.environ.get("COMPARE_PP", "512"))  # smaller only for a local smoke run
@@ -150,6 +151,7 @@ def main() -> None:
         for i, tuning in enumerate(os.environ.get("COMPARE_GEMV", "").split(";")):
             if tuning:
                 os.environ.update(zip(("INFR_GEMV_R", "INFR_GEMV_U", "INFR_GEMV_NT"), tuning.split(",")))
+                TU.reload()  # the kernels read the knobs once
             key = "infr" if i == 0 else f"infr_gemv{tuning.replace(',', '_')}"
             try:
                 entry[key] = infr_side(path)

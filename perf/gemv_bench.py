@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gguf import GGMLQuantizationType as Q
 from timing import seconds_per_rep
 
+from infr.gpu import tuning
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.device import get_device
 from infr.gpu.runtime import Kernels, storage
@@ -82,6 +83,7 @@ def main() -> None:
     for v in variants:
         R, U, SG = (int(s) for s in v.split(","))
         os.environ.update(INFR_GEMV_R=str(R), INFR_GEMV_U=str(U), INFR_GEMV_SG=str(SG))
+        tuning.reload()  # the kernels read the knobs once
         kern = Kernels(dev)  # a fresh pipeline cache per tuning
         rows = []
         for N, K, label in SHAPES:

@@ -56,7 +56,6 @@ class GPUBackend:
         self.dev = dev or get_device()
         profile.install_from_env()
         self.kern = kernels or _shared_kernels(self.dev)
-        spec = plan.spec
         for name in plan.weights():
             check_supported(gf.tensor(name))
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]

@@ -21,7 +21,6 @@ next prefill overwrites.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections import deque
@@ -33,13 +32,10 @@ from infr.errors import InfrError
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
+from infr.gpu import tuning as TU
 from infr.gpu.runtime import Dispatch, Recording, storage
 from infr.sampling import SamplingParams
 
-# Decode steps per submit and submits in flight (env INFR_DECODE_PER_SUBMIT / INFR_DECODE_DEPTH, to
-# measure). Steps in flight past an end-of-generation token are wasted: at most PER_SUBMIT * DEPTH.
-PER_SUBMIT = int(os.environ.get("INFR_DECODE_PER_SUBMIT", "4"))
-DEPTH = int(os.environ.get("INFR_DECODE_DEPTH", "3"))
 
 
 class ResidentDecoder:
@@ -110,8 +106,10 @@ class ResidentDecoder:
         if not self.supports(params):
             raise InfrError("these sampling settings need the host sampler (penalty window too long)")
         seed = secrets.randbits(63) if params.seed is None else int(params.seed)
-        per_submit = max(1, int(per_submit or PER_SUBMIT))
-        depth = max(1, int(depth or DEPTH))
+        # Decode steps per submit and submits in flight (tuning: INFR_DECODE_PER_SUBMIT / _DEPTH). Steps
+        # in flight past an end-of-generation token are wasted: at most per_submit * depth.
+        per_submit = max(1, int(per_submit or TU.current().decode_per_submit))
+        depth = max(1, int(depth or TU.current().decode_depth))
         be, q = self.be, self.be.dev.device.queue
         first, steps = self.recordings(params)
         if params.repeat_last_n != 0:  # the penalty kernel reads the context's ids

@@ -28,17 +28,17 @@ sum first, hence a scores/stats pass ahead of the V pass in both kernels.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
+from infr.gpu import tuning as TU
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
-SPLIT_MAX_T = 4      # batches up to this many tokens use split-K; longer ones the tiled kernel
+SPLIT_MAX_T = TU.AttentionTuning.split_t  # (4) batches up to this many tokens use split-K; longer ones the tiled kernel
 # A batched decode step (one or a few rows for each of many sequences) keeps
 # split-K / one-pass attention up to this many rows: each row reads its own
 # sequence's keys, which the tiled kernel could only share between rows of one
@@ -50,16 +50,16 @@ DECODE_MAX_T = 64
 # thousands of keys (tg64 at depth 4096: 156 vs 66 t/s on the 8B shape). Both
 # are in the graph; each reads the lengths from `rows` and one of them idles per row.
 # INFR_ATTN_SPLIT_FROM overrides (0: split-K at every length).
-SPLIT_FROM = 512
+SPLIT_FROM = TU.AttentionTuning.split_from  # 512
 # A graph for a context of at most this many keys holds the one-pass kernel
 # alone: the idle split-K dispatches cost ~7.5 µs a layer on the H200 (8B tg128
 # 205 vs 216 t/s), more than one-pass loses in the last few hundred positions.
 # INFR_ATTN_ONE_PASS_CTX overrides.
-ONE_PASS_CTX = 1024
+ONE_PASS_CTX = TU.AttentionTuning.one_pass_ctx  # 1024
 SPLIT_WG = 128       # invocations of attn_scores / attn_values
 TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled (q block + one K/V tile)
 MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
-SPLIT_TARGET_WGS = 512  # split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
+SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
 
 def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int, theta: float,
@@ -75,13 +75,9 @@ def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_
 def chunk_size(n_ctx: int) -> int:
     """Keys per split-K chunk: 128 (many workgroups at moderate depth) unless the
     context is so long that the per-chunk scratch and the stats merge grow past
-    ~1024 chunks. INFR_ATTN_CHUNK (a multiple of 128, at most 512) overrides, for tuning."""
-    env = os.environ.get("INFR_ATTN_CHUNK")
-    if env:
-        c = int(env)
-        if c % SPLIT_WG or not 0 < c <= 512:
-            raise ValueError(f"INFR_ATTN_CHUNK must be 128, 256, 384 or 512, got {c}")
-        return c
+    ~1024 chunks. INFR_ATTN_CHUNK (a multiple of 128, at most 512; tuning.AttentionTuning) overrides."""
+    if TU.current().attention.chunk:
+        return TU.current().attention.chunk
     c = SPLIT_WG
     while c < 512 and -(-n_ctx // c) > 1024:
         c *= 2
@@ -92,7 +88,7 @@ def split_parallel(max_chunks: int, head_groups: int, T: int) -> int:
     """Workgroups per (head group, token) along the chunks: each takes every P-th
     chunk the query sees, so a long n_ctx does not launch thousands of idle
     workgroups at short depth, and a deep context still fills the GPU."""
-    target = int(os.environ.get("INFR_ATTN_WGS", SPLIT_TARGET_WGS))
+    target = TU.current().attention.wgs
     return max(1, min(max_chunks, -(-target // (head_groups * T))))
 
 
@@ -204,7 +200,7 @@ def tiled_dispatch(
 
 def split_from() -> int:
     """Keys (of a batch's last token) up to which decode takes the one-pass kernel."""
-    return int(os.environ.get("INFR_ATTN_SPLIT_FROM", SPLIT_FROM))
+    return TU.current().attention.split_from
 
 
 def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = None, decode: bool = False) -> str:
@@ -214,12 +210,12 @@ def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = N
     kernel for shapes the others do not take). `decode`: a batched decode step
     (rows of many sequences), which keeps the per-row kernels up to DECODE_MAX_T rows."""
     fits = head_dim % 8 == 0 and v_head_dim % 4 == 0
-    # INFR_ATTN_SPLIT_T: the largest batch split-K takes (tuning; its scratch grows with T * n_ctx).
-    split_t = int(os.environ.get("INFR_ATTN_SPLIT_T", SPLIT_MAX_T))
+    # the largest batch split-K takes (INFR_ATTN_SPLIT_T; its scratch grows with T * n_ctx)
+    split_t = TU.current().attention.split_t
     if decode:
         split_t = max(split_t, DECODE_MAX_T)
     near = split_from()
-    one_pass_ctx = max(near, int(os.environ.get("INFR_ATTN_ONE_PASS_CTX", ONE_PASS_CTX)))
+    one_pass_ctx = max(near, TU.current().attention.one_pass_ctx)
     if fits and T <= split_t and n_ctx is not None and near and n_ctx <= one_pass_ctx:
         return "one_pass"
     if fits and T <= split_t and v_head_dim <= 4 * SPLIT_WG:

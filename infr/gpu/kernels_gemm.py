@@ -18,10 +18,9 @@ INFR_GEMM_MIN_T overrides it (for measuring; 0 disables the GEMM).
 
 from __future__ import annotations
 
-import os
-
 from infr.numerics import Q8_ACTIVATIONS
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import tuning as TU
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
 GEMM_MIN_T = 8
@@ -30,11 +29,9 @@ BN = 64  # weight rows per workgroup tile
 
 
 def min_tokens() -> int:
-    """The smallest batch the backend runs through the GEMM (0 in the env: never)."""
-    v = os.environ.get("INFR_GEMM_MIN_T")
-    if v is None or v == "":
-        return GEMM_MIN_T
-    return int(v) if int(v) > 0 else 1 << 30
+    """The smallest batch the backend runs through the GEMM (INFR_GEMM_MIN_T, 0 there: never)."""
+    v = TU.current().gemm_min_t
+    return GEMM_MIN_T if v is None else v
 
 
 def use_gemm(T: int, dev=None) -> bool:
@@ -43,7 +40,7 @@ def use_gemm(T: int, dev=None) -> bool:
     f32 GEMM gave pp512 115 t/s on the Llama-3.1-8B shape against the GEMV's
     247 (perf/h200/compare-2026-12-01.json), while on lavapipe it wins (Q4_K
     1024x1024, T = 64: 154 vs 260 ms). INFR_GEMM_MIN_T set: that rule everywhere."""
-    if dev is not None and not getattr(dev, "is_cpu", False) and not os.environ.get("INFR_GEMM_MIN_T"):
+    if dev is not None and not getattr(dev, "is_cpu", False) and TU.current().gemm_min_t is None:
         return False
     return T >= min_tokens()
 

@@ -13,9 +13,8 @@ declaration order, u32 / f32 little-endian, zero-padded to a multiple of 16.
 
 from __future__ import annotations
 
-import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -24,6 +23,7 @@ from gguf import GGMLQuantizationType as Q
 from infr.errors import UnsupportedError
 from infr.numerics import Q8_ACTIVATIONS
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import tuning as TU
 from infr.gpu.device import Device
 from infr.gpu.runtime import Dispatch, Kernels, storage
 
@@ -102,25 +102,31 @@ class GemvTuning:
     loaded once for all of them), U block steps unrolled, the subgroup size
     its reductions use (0: shared memory only), and NT, the most tokens one
     workgroup takes (a batch of T tokens reads the weights ceil(T / NT)
-    times). INFR_GEMV_R / _U / _SG / _NT override (for measuring). With
+    times). INFR_GEMV_R / _U / _SG / _NT override (for measuring; read once,
+    infr.gpu.tuning; SG -1: the device's subgroup size). With
     8-bit activations one row and two steps in flight measured best on the
     H200 for every Llama shape (Q4_K; perf/h200/gemv-bench-2026-12-01-q8.json)."""
 
     R: int = 1
     U: int = 2
-    SG: int = 0
+    SG: int = -1
     NT: int = 8
 
     @classmethod
-    def for_device(cls, dev: Device) -> "GemvTuning":
-        sg = dev.subgroup_size or 0
-        sg = sg if sg and 32 % sg == 0 else 0  # teams are 32 lanes: whole subgroups only
-        keys = ("R", "U", "SG", "NT")
-        env = {k: int(os.environ[f"INFR_GEMV_{k}"]) for k in keys if os.environ.get(f"INFR_GEMV_{k}")}
-        t = cls(**{"SG": sg, **env})
-        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16):
+    def from_env(cls, env) -> "GemvTuning":
+        t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in ("R", "U", "SG", "NT") if env.get(f"INFR_GEMV_{k}")})
+        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
+
+    @classmethod
+    def for_device(cls, dev: Device) -> "GemvTuning":
+        """The process's tuning (infr.gpu.tuning) with SG resolved for `dev`."""
+        t = TU.current().gemv
+        if t.SG >= 0:
+            return t
+        sg = dev.subgroup_size or 0
+        return replace(t, SG=sg if sg and 32 % sg == 0 else 0)  # teams are 32 lanes: whole subgroups only
 
     def tokens(self, T: int) -> int:
         """Tokens per workgroup for a batch of T: T rounded up to a power of two, at most NT."""
@@ -132,7 +138,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     split's segment types) for a plain product, the fused gate||up with
     activation `pair_act`, or the stacked q|k|v with `split`, for batches of
     T tokens; its output rows per workgroup and its tokens per workgroup."""
-    t = GemvTuning.for_device(kernels.dev)  # read at each graph build: the env knobs can change between models
+    t = GemvTuning.for_device(kernels.dev)
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None

@@ -32,6 +32,7 @@ from gguf import GGMLQuantizationType as Q
 
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import tuning as TU
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.numerics import takes_q8
 
@@ -205,17 +206,14 @@ _DEFAULT: list[MmqTuning] = []
 
 
 def device_tuning(dev=None) -> MmqTuning:
-    """The device's tuning: MmqTuning.from_env() the first time, cached on the device after."""
+    """The device's tuning: one set_tuning gave it, else the process's (infr.gpu.tuning)."""
     t = getattr(dev, "_mmq_tuning", None) if dev is not None else (_DEFAULT[0] if _DEFAULT else None)
-    if t is None:
-        t = MmqTuning.from_env()
-        set_tuning(dev, t)
-    return t
+    return t if t is not None else TU.current().mmq
 
 
 def set_tuning(dev, tuning: MmqTuning | None) -> MmqTuning | None:
-    """Replace the device's cached tuning (None: read the environment again at
-    the next use); returns the one it had. For benchmarks and tests."""
+    """Give the device a tuning of its own (None: the process's again);
+    returns the one it had. For benchmarks and tests."""
     old = getattr(dev, "_mmq_tuning", None) if dev is not None else (_DEFAULT[0] if _DEFAULT else None)
     if dev is None:
         _DEFAULT[:] = [tuning] if tuning is not None else []

@@ -27,3 +27,19 @@ def kernels(gpu):
     from infr.gpu.runtime import Kernels
 
     return Kernels(gpu)
+
+
+@pytest.fixture
+def tune(monkeypatch):
+    """tune(INFR_X="v", ...): tuning variables for one test. The kernels read them once
+    (infr.gpu.tuning), so the tuning is read again now and once more after the test."""
+    from infr.gpu import tuning
+
+    def set_(**env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        tuning.reload()
+
+    yield set_
+    monkeypatch.undo()
+    tuning.reload()

@@ -95,11 +95,10 @@ def test_split_k_decode(gpu, kernels, case):
             _check(f"split-K {case} n_kv={n_kv} P={P}", got, want, vc, n_kv)
 
 
-def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
+def test_one_pass_and_split_k_take_turns(gpu, kernels, tune):
     """Decode in a long context holds both kernels: the row's KV length in `rows`
     picks one each step (the other returns at once), and either answers right."""
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    tune(INFR_ATTN_SPLIT_FROM="40", INFR_ATTN_ONE_PASS_CTX="0")
     n_heads, kv_heads, hd, vd, T, n_ctx = 8, 2, 64, 64, 1, 300
     rng = np.random.default_rng(5)
     kc, vc = _caches(rng, n_ctx, kv_heads, hd, vd)
@@ -122,15 +121,14 @@ def test_one_pass_and_split_k_take_turns(gpu, kernels, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["one_pass", "split_k", "tiled"])
-def test_rounded_output(gpu, kernels, monkeypatch, path):
+def test_rounded_output(gpu, kernels, tune, path):
     """With `xq`, the attention output also comes rounded to 8 bits for the o
     projection's Q4_K GEMV, word for word what a quantize dispatch of the
     output writes: from the one-pass kernel and split-K's combine themselves, and
     from a quantize dispatch after the tiled prefill kernel."""
     from infr.gpu import kernels_q8 as KQ
 
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    tune(INFR_ATTN_SPLIT_FROM="40", INFR_ATTN_ONE_PASS_CTX="0")
     n_heads, kv_heads, hd, vd, n_ctx = 8, 2, 64, 64, 300
     T = 6 if path == "tiled" else 2
     K = n_heads * vd
@@ -271,13 +269,12 @@ def test_rope_kv_store(gpu, kernels, style, n_heads, kv_heads, hd, vd, n_rot, st
 # --- end to end through the backend -------------------------------------------------------------
 
 
-def test_backend_lowering_matches_cpu(tmp_path, gpu, monkeypatch):
+def test_backend_lowering_matches_cpu(tmp_path, gpu, tune):
     """tiny-gemma3 (sliding window 8, a global layer) on the GPU backend: the graphs use
     rope_kv, tiled prefill (T = 128, then 37 at position 128) and split-K decode past the
     first chunk (where the window leaves chunk 0 out), the one-pass kernel below 160 keys,
     and the logits follow the CPU reference."""
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "160")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    tune(INFR_ATTN_SPLIT_FROM="160", INFR_ATTN_ONE_PASS_CTX="0")
     from infr import synth
     from infr.cpu.backend import CPUBackend
     from infr.gguf_file import open_gguf

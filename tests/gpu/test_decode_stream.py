@@ -54,13 +54,12 @@ def test_greedy_stream_equals_decode_greedy_and_cpu(backends):
     assert streamed == want
 
 
-def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, monkeypatch):
+def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, tune):
     """A context long enough for both attention forms: the host runs each step's
     token in the near graph (one-pass attention) up to split_from keys and in the
     far one (split-K) past them, within one submit too, and the tokens stay the
     CPU reference's (decode_greedy, the streaming loop and forward alike)."""
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "40")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "64")
+    tune(INFR_ATTN_SPLIT_FROM="40", INFR_ATTN_ONE_PASS_CTX="64")
     gf = open_gguf(smollm2_path)
     plan = build_plan(build_spec(gf))
     gpu_be, cpu_be = GPUBackend(gf, plan, 96, dev=gpu), CPUBackend(gf, plan, 96)

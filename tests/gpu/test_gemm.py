@@ -127,9 +127,9 @@ def test_gemm_stacked_qkv(gpu, kernels, qtype):
         first += n
 
 
-def test_gemm_threshold(monkeypatch):
+def test_gemm_threshold(tune):
     assert not KG.use_gemm(1) and KG.use_gemm(KG.GEMM_MIN_T) and not KG.use_gemm(KG.GEMM_MIN_T - 1)
-    monkeypatch.setenv("INFR_GEMM_MIN_T", "0")
+    tune(INFR_GEMM_MIN_T="0")
     assert not KG.use_gemm(128)
 
 

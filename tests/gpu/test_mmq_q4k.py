@@ -245,17 +245,22 @@ def test_mmq_selection_and_tuning_env(gpu):
         KMQ.MmqTuning.from_env({**env, "INFR_MMQ_RM": "3"}).tiles[0].resolved(gpu)
 
 
-def test_tuning_is_read_once_per_device(gpu, monkeypatch):
-    """The environment is read at a device's first use, not at each graph build."""
+def test_tuning_is_read_once(gpu, tune, monkeypatch):
+    """The environment is read once (infr.gpu.tuning), not at each graph build; a device
+    may be given a tuning of its own (benchmarks, tests)."""
     class _Dev:
         limits = gpu.limits
 
     dev = _Dev()
-    monkeypatch.setenv("INFR_MMQ_MIN_T", "5")
+    tune(INFR_MMQ_MIN_T="5")
     assert KMQ.min_tokens(dev) == 5
-    monkeypatch.setenv("INFR_MMQ_MIN_T", "50")
+    monkeypatch.setenv("INFR_MMQ_MIN_T", "50")  # not read again
     assert KMQ.min_tokens(dev) == 5 and KMQ.device_tuning(dev) is KMQ.device_tuning(dev)
-    KMQ.set_tuning(dev, None)  # forgotten: the next use reads the environment again
+    old = KMQ.set_tuning(dev, KMQ.MmqTuning.from_env({"INFR_MMQ_MIN_T": "7"}))
+    assert old is None and KMQ.min_tokens(dev) == 7 and KMQ.min_tokens(None) == 5
+    KMQ.set_tuning(dev, None)  # the process's again, until it is read again
+    assert KMQ.min_tokens(dev) == 5
+    tune()
     assert KMQ.min_tokens(dev) == 50
 
 

@@ -153,7 +153,7 @@ SHAPES = {"gqa4_d64": (8, 2, 64, 64, None), "gqa2_dk96_dv64_softcap": (4, 2, 96,
 @pytest.mark.parametrize("bs", [16, 32])
 @pytest.mark.parametrize("case,shape", [("T1", "gqa4_d64"), ("T3", "gqa4_d64"), ("T17", "gqa4_d64"),
                                         ("T40", "gqa4_d64"), ("T17", "gqa2_dk96_dv64_softcap")])
-def test_attention_kernels_paged(gpu, kernels, monkeypatch, case, shape, bs, window):
+def test_attention_kernels_paged(gpu, kernels, tune, case, shape, bs, window):
     """One-pass, split-K (one and two workgroups per head group), both taking turns by
     each row's length in one batch, and tiled: all on the same scrambled pool."""
     n_heads, kv_heads, hd, vd, softcap = SHAPES[shape]
@@ -172,8 +172,7 @@ def test_attention_kernels_paged(gpu, kernels, monkeypatch, case, shape, bs, win
     n_ctx = pool.bps * bs
     scratch = KA.split_scratch(kernels, T, n_ctx, n_heads, vd)
     # Rows above 100 keys take split-K, the others the one-pass kernel, in one graph (span None).
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "100")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    tune(INFR_ATTN_SPLIT_FROM="100", INFR_ATTN_ONE_PASS_CTX="0")
     switch = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: scratch, *args, n_ctx=n_ctx,
                                      decode=True)
     assert [d.label.split()[0] for d in switch] == ["attention", "attn_scores", "attn_values", "attn_combine"]
@@ -332,15 +331,14 @@ def test_step_advances_live_rows(gpu, kernels, entry):
 # --- GPUBackend.run_rows ------------------------------------------------------------------------
 
 
-def test_run_rows_interleaved_equals_each_sequence_alone(tmp_path, gpu, monkeypatch):
+def test_run_rows_interleaved_equals_each_sequence_alone(tmp_path, gpu, tune):
     """Two sequences of tiny-gemma3 (a sliding window of 8 and a global layer) in
     blocks of 16 scattered over the pool, run together by run_rows (prefill rows
     interleaved in one tiled batch; decode steps of both, one padded to 4 rows;
     a 6-row step of 3 rows each, the batched-decode graph), give the logits of
     each sequence run alone through forward. Split-K takes keys past 28, so the
     host picks the graph by the longest row."""
-    monkeypatch.setenv("INFR_ATTN_SPLIT_FROM", "28")
-    monkeypatch.setenv("INFR_ATTN_ONE_PASS_CTX", "0")
+    tune(INFR_ATTN_SPLIT_FROM="28", INFR_ATTN_ONE_PASS_CTX="0")
     from closeness import assert_logits_close, rounds_activations
 
     from infr import synth

@@ -1,0 +1,103 @@
+"""Every tuning knob of the GPU kernels in one object, read from the environment once.
+
+INFR_GEMV_*, INFR_MMQ_*, INFR_ATTN_*, INFR_GEMM_MIN_T and INFR_DECODE_* set it (for
+measuring; the defaults are the measured best). Kernels ask `current()`, never
+os.environ, so a graph build costs no environment lookups and a knob means the same
+in every module. A benchmark that changes the variables in-process calls `reload()`;
+a test takes `override(...)` or sets them and reloads.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class AttentionTuning:
+    """kernels_attention's knobs: keys per split-K chunk (0: by context length),
+    split-K workgroups per dispatch at full depth, the keys up to which decode
+    takes the one-pass kernel, the largest batch split-K takes, and the context
+    up to which one pass serves every depth."""
+
+    chunk: int = 0
+    wgs: int = 512
+    split_from: int = 512
+    split_t: int = 4
+    one_pass_ctx: int = 1024
+
+    @classmethod
+    def from_env(cls, env) -> AttentionTuning:
+        names = {"chunk": "INFR_ATTN_CHUNK", "wgs": "INFR_ATTN_WGS", "split_from": "INFR_ATTN_SPLIT_FROM",
+                 "split_t": "INFR_ATTN_SPLIT_T", "one_pass_ctx": "INFR_ATTN_ONE_PASS_CTX"}
+        t = cls(**{k: int(env[v]) for k, v in names.items() if env.get(v)})
+        if t.chunk and (t.chunk % 128 or not 0 < t.chunk <= 512):
+            raise ValueError(f"INFR_ATTN_CHUNK must be 128, 256, 384 or 512, got {t.chunk}")
+        return t
+
+
+def _gemv(env):
+    from infr.gpu.kernels_matmul import GemvTuning
+
+    return GemvTuning.from_env(env)
+
+
+def _mmq(env):
+    from infr.gpu.kernels_mmq import MmqTuning
+
+    return MmqTuning.from_env(env)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """gemv: kernels_matmul.GemvTuning (SG -1: the device's subgroup size);
+    mmq: kernels_mmq.MmqTuning; attention: AttentionTuning; gemm_min_t: the
+    smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
+    environment: never); decode_per_submit / decode_depth: the resident decode
+    loop's steps per submit and submits in flight."""
+
+    gemv: object = field(default_factory=lambda: _gemv({}))
+    mmq: object = field(default_factory=lambda: _mmq({}))
+    attention: AttentionTuning = field(default_factory=AttentionTuning)
+    gemm_min_t: int | None = None
+    decode_per_submit: int = 4
+    decode_depth: int = 3
+
+    @classmethod
+    def from_env(cls, env=None) -> Tuning:
+        env = os.environ if env is None else env
+        gemm = env.get("INFR_GEMM_MIN_T")
+        return cls(
+            gemv=_gemv(env), mmq=_mmq(env), attention=AttentionTuning.from_env(env),
+            gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
+            decode_per_submit=int(env.get("INFR_DECODE_PER_SUBMIT") or 4),
+            decode_depth=int(env.get("INFR_DECODE_DEPTH") or 3),
+        )
+
+
+_current: list[Tuning] = []
+
+
+def current() -> Tuning:
+    """The process's tuning: read from the environment at the first call."""
+    if not _current:
+        _current.append(Tuning.from_env())
+    return _current[0]
+
+
+def reload() -> Tuning:
+    """Read the environment again (a benchmark that changed INFR_* between models)."""
+    _current[:] = [Tuning.from_env()]
+    return _current[0]
+
+
+@contextmanager
+def override(**changes):
+    """The current tuning with some fields replaced, for the block (tests)."""
+    old = current()
+    _current[:] = [replace(old, **changes)]
+    try:
+        yield _current[0]
+    finally:
+        _current[:] = [old]
