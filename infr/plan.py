@@ -1,13 +1,16 @@
 """Lower a `ModelSpec` into a plan: the ordered ops both backends execute.
 
 The plan has three parts so a backend can run the head on the last row only
-(prefill needs one row of logits, teacher forcing needs all of them).
+(prefill needs one row of logits, teacher forcing needs all of them). Its
+`groups` cut the body into the runs a backend may fuse (infr/fusion.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+from infr import fusion
 from infr.models.spec import LayerSpec, ModelSpec
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, Op, RMSNorm, Rope, Softcap, StoreKV
 
@@ -38,6 +41,11 @@ class Plan:
     @property
     def ops(self) -> tuple[Op, ...]:
         return self.embed + self.layers + self.head
+
+    @cached_property
+    def groups(self) -> tuple[fusion.Group, ...]:
+        """embed + layers as fusion groups (qkv, gate_up, rope_store, residual, op)."""
+        return fusion.groups(self.embed + self.layers)
 
     def weights(self) -> list[str]:
         names: list[str] = []

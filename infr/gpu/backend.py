@@ -30,7 +30,7 @@ from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
-from infr.gpu.lowering import Lowering, find_stacks, is_gate_up, is_residual, is_rope_store, stack_at
+from infr.gpu.lowering import Lowering, find_stacks
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm
 from infr.plan import Plan
@@ -516,28 +516,25 @@ class GPUBackend:
         lower = Lowering(self, T, far, decode)
         body = []
         ops = list(self.plan.embed + self.plan.layers)
-        i = 0
-        while i < len(ops):
+        i = 0  # the group's first op in `ops`
+        for g in self.plan.groups:  # the runs the plan names for fusion (infr/fusion.py)
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
             lower.ahead = ops[i + 1] if i + 1 < len(ops) else None
-            nxt = ops[i + 1] if i + 1 < len(ops) else None
-            fused = lower.gate_up(*ops[i : i + 3]) if is_gate_up(ops[i : i + 3]) else None
-            stack = stack_at(ops, i)
+            stack = tuple(m.weight for m in g.ops) if g.kind == "qkv" else None
+            fused = lower.gate_up(*g.ops) if g.kind == "gate_up" else None
             if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
-                body += lower.stacked(ops[i : i + len(stack)], stack)
-                i += len(stack)
+                body += lower.stacked(list(g.ops), stack)
             elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
                 body += fused
-                i += 3
-            elif is_rope_store(ops[i : i + 3]):  # rope(q), rope(k), kv store in one dispatch
-                body += lower.rope_store(*ops[i : i + 3])
-                i += 3
-            elif is_residual(ops[i], nxt):  # x = x + W·h in one dispatch
-                body += lower.matmul_residual(ops[i], nxt)
-                i += 2
-            else:
-                body += lower.op(ops[i])
-                i += 1
+            elif g.kind == "rope_store":  # rope(q), rope(k), kv store in one dispatch
+                body += lower.rope_store(*g.ops)
+            elif g.kind == "residual":  # x = x + W·h in one dispatch
+                body += lower.matmul_residual(*g.ops)
+            else:  # one op, or a group no kernel fuses here: its ops one by one
+                for j, op in enumerate(g.ops):
+                    lower.ahead = ops[i + j + 1] if i + j + 1 < len(ops) else None
+                    body += lower.op(op)
+            i += len(g.ops)
         x_buf = lower.current("x")
         head = []
         if n_logits:

@@ -3,8 +3,8 @@
 Which kernel each matmul takes (GEMV, int8 GEMV, f32 GEMM, int8 GEMM), stacked
 q|k|v, fused gate||up, rope + KV store, residual epilogues, the norms and the
 attention kernels, and which half of a ping-pong pair holds each named value;
-the pattern matchers that spot those fusions in the op list are here too
-(docs/gpu_kernels.md). Kept apart from backend.py, which loads weights, owns
+the plan names the runs to fuse (Plan.groups, infr/fusion.py) and this takes
+them where a kernel applies (docs/gpu_kernels.md). Kept apart from backend.py, which loads weights, owns
 the buffers and KV store and runs the graphs this builds.
 """
 
@@ -219,67 +219,10 @@ class Lowering:
         raise NotImplementedError(type(op).__name__)
 
 
-def _stack_run(ops, i: int) -> list[MatMul]:
-    """The matmuls from ops[i] on that read one input (2 or 3, none reading another's output)."""
-    run: list[MatMul] = []
-    for op in ops[i : i + 3]:
-        if not isinstance(op, MatMul) or (run and op.src != run[0].src) or op.dst == op.src:
-            break
-        if any(op.src == m.dst or op.dst == m.dst for m in run):
-            break
-        run.append(op)
-    return run if len(run) >= 2 else []
-
-
-def stack_at(ops, i: int) -> tuple:
-    return tuple(m.weight for m in _stack_run(ops, i))
-
-
 def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
-    """Weight-name tuples to stack -> their bias names. gate||up followed by its
-    activation is left to the fused gate_up kernel."""
-    ops = list(plan.layers)
+    """The plan's qkv groups that one buffer can hold: weight-name tuple -> bias names."""
     out = {}
-    i = 0
-    while i < len(ops):
-        run = _stack_run(ops, i)
-        if not run or is_gate_up(ops[i : i + 3]):
-            i += 1
-            continue
-        if KM.can_stack([gf.tensor(m.weight) for m in run], max_binding):
-            out[tuple(m.weight for m in run)] = tuple(m.bias for m in run)
-        i += len(run)
+    for g in plan.groups:
+        if g.kind == "qkv" and KM.can_stack([gf.tensor(m.weight) for m in g.ops], max_binding):
+            out[tuple(m.weight for m in g.ops)] = tuple(m.bias for m in g.ops)
     return out
-
-
-def is_gate_up(ops) -> bool:
-    """MatMul(g, h), MatMul(u, h), GatedAct(g, u): both products read only by the activation."""
-    if len(ops) != 3:
-        return False
-    mg, mu, act = ops
-    return (
-        isinstance(mg, MatMul) and isinstance(mu, MatMul) and isinstance(act, GatedAct)
-        and mg.src == mu.src and not mg.bias and not mu.bias
-        and (act.gate, act.up) == (mg.dst, mu.dst) and mg.dst != mu.dst
-    )
-
-
-def is_rope_store(ops) -> bool:
-    """Rope(q), Rope(k) with one RopeSpec, then StoreKV of that k: one rope_kv dispatch."""
-    if len(ops) != 3:
-        return False
-    rq, rk, st = ops
-    return (
-        isinstance(rq, Rope) and isinstance(rk, Rope) and isinstance(st, StoreKV)
-        and rq.rope == rk.rope and rq.head_dim == rk.head_dim and rk.buf == st.k
-        and len({rq.buf, rk.buf, st.v}) == 3 and rq.head_dim <= 512
-    )
-
-
-def is_residual(op, nxt) -> bool:
-    """MatMul(o) then Add(x, x, o): the plan's residual adds. The matmul's own
-    output is read by that Add alone (the plan builder writes it so)."""
-    return (
-        isinstance(op, MatMul) and isinstance(nxt, Add) and nxt.dst != op.dst
-        and {nxt.a, nxt.b} == {nxt.dst, op.dst}
-    )

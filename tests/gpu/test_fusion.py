@@ -36,7 +36,7 @@ def test_matmul_adds_residual(gpu, kernels, qtype, T):
 def test_plan_residual_adds_are_fused(smollm2_path, gemma3_path, gpu):
     from infr.gguf_file import open_gguf
     from infr.gpu.backend import GPUBackend
-    from infr.gpu.lowering import is_residual
+    from infr.fusion import is_residual
     from infr.models import build_spec
     from infr.plan import build_plan
 

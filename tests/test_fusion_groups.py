@@ -1,0 +1,52 @@
+"""The plan's fusion groups (infr/fusion.py) on the three real models: they cut the
+body into runs without losing or reordering an op, and each layer's runs are the
+ones its family fuses on the GPU (q|k|v stacked, rope + KV store, gate||up, the
+residual adds folded into the matmuls before them; Gemma-3's post-norms keep its
+residual adds apart)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infr import fusion
+from infr.gguf_file import open_gguf
+from infr.models import build_spec
+from infr.ops import MatMul
+from infr.plan import build_plan
+
+LLAMA_LAYER = ["op:RMSNorm", "qkv", "rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
+GEMMA3_LAYER = ["op:RMSNorm", "qkv", "op:RMSNorm", "op:RMSNorm", "rope_store", "op:Attention", "op:MatMul",
+                "op:RMSNorm", "op:Add", "op:RMSNorm", "gate_up", "op:MatMul", "op:RMSNorm", "op:Add"]
+LAYERS = {"smollm2_path": LLAMA_LAYER, "qwen_coder_path": LLAMA_LAYER, "gemma3_path": GEMMA3_LAYER}
+
+
+def _kind(g: fusion.Group) -> str:
+    return g.kind if g.kind != "op" else f"op:{type(g.ops[0]).__name__}"
+
+
+@pytest.mark.parametrize("fixture", list(LAYERS))
+def test_groups_cover_the_body_in_order(request, fixture):
+    plan = build_plan(build_spec(open_gguf(request.getfixturevalue(fixture))))
+    groups = plan.groups
+    assert [op for g in groups for op in g.ops] == list(plan.embed + plan.layers)
+    kinds = [_kind(g) for g in groups]
+    per_layer = LAYERS[fixture]
+    assert kinds == ["op:Embed"] + per_layer * len(plan.spec.layers)
+    for g in groups:
+        if g.kind == "qkv":  # every product reads the norm's output; the stack ends at v
+            assert len({m.src for m in g.ops}) == 1 and [m.dst for m in g.ops] == ["q", "k", "v"]
+        if g.kind == "residual":
+            mm, add = g.ops
+            assert isinstance(mm, MatMul) and add.dst == "x" and mm.dst in (add.a, add.b)
+
+
+def test_groups_of_a_short_list():
+    """Runs where the kinds meet: gate||up wins over a two-matmul stack, a matmul whose
+    output another matmul reads is no stack, and an op list may end on any op."""
+    from infr.models.spec import Activation
+    from infr.ops import Add, GatedAct
+
+    ops = [MatMul("g", "h", "wg"), MatMul("u", "h", "wu"), GatedAct("a", "g", "u", Activation.SILU),
+           MatMul("o", "a", "wd"), Add("x", "x", "o"), MatMul("p", "x", "w1"), MatMul("r", "p", "w2")]
+    assert [g.kind for g in fusion.groups(ops)] == ["gate_up", "residual", "op", "op"]
+    assert [g.kind for g in fusion.groups(ops[:2])] == ["qkv"]
