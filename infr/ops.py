@@ -34,6 +34,7 @@ class MatMul:
     src: str
     weight: str  # [out, in] tensor: dst = src @ weight.T (+ bias)
     bias: str | None = None
+    n_out: int = 0  # the output width the family declares (0: not declared); checked against the file
 
 
 @dataclass(frozen=True)

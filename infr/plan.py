@@ -47,6 +47,17 @@ class Plan:
         """embed + layers as fusion groups (qkv, gate_up, rope_store, residual, op)."""
         return fusion.groups(self.embed + self.layers)
 
+    @cached_property
+    def widths(self) -> dict[str, int]:
+        """Each named value's width (the widest it holds anywhere in the plan): what a backend sizes
+        its activation buffers by."""
+        out: dict[str, int] = {}
+        for op in self.ops:
+            w = _width(op, out, self.spec)
+            if w:
+                out[op.dst] = max(out.get(op.dst, 0), w)
+        return out
+
     def weights(self) -> list[str]:
         names: list[str] = []
         for op in self.ops:
@@ -57,6 +68,38 @@ class Plan:
         return names
 
 
+def _width(op: Op, known: dict[str, int], spec: ModelSpec) -> int:
+    if isinstance(op, Embed):
+        return spec.n_embd
+    if isinstance(op, MatMul):
+        return op.n_out
+    if isinstance(op, Attention):
+        return op.spec.n_heads * op.spec.v_head_dim
+    if isinstance(op, RMSNorm):
+        return known[op.src]
+    if isinstance(op, GatedAct):
+        return known[op.gate]
+    if isinstance(op, Add):
+        return known[op.a]
+    return 0  # ops that write in place (Rope, Softcap) or write no value (StoreKV)
+
+
+def check_shapes(plan: Plan, gf) -> None:
+    """Every matmul's weight has the shape the family declares: [n_out, width of its input]."""
+    from infr.errors import InfrError
+
+    now: dict[str, int] = {}  # each value's width where the op reads it
+    for op in plan.ops:
+        if isinstance(op, MatMul) and op.n_out:
+            shape = tuple(int(d) for d in gf.tensor(op.weight).shape)
+            if shape != (op.n_out, now[op.src]):
+                raise InfrError(f"{op.weight} is {shape[0]} x {shape[-1]}, but the model's metadata "
+                                f"makes it {op.n_out} x {now[op.src]}: a damaged or mislabelled GGUF")
+        w = _width(op, now, plan.spec)
+        if w:
+            now[op.dst] = w
+
+
 def build_plan(spec: ModelSpec) -> Plan:
     embed = (Embed("x", "token_embd.weight", spec.embed_scale),)
     layers: list[Op] = []
@@ -64,7 +107,8 @@ def build_plan(spec: ModelSpec) -> Plan:
         layers += _attention_block(spec, layer)
         layers += _ffn_block(spec, layer)
     head: list[Op] = [RMSNorm("h", "x", "output_norm.weight", spec.norm_eps)]
-    head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight"))
+    head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight",
+                       n_out=spec.n_vocab))
     if spec.final_logit_softcap:
         head.append(Softcap("logits", spec.final_logit_softcap))
     state = tuple(KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
@@ -76,9 +120,10 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     a = layer.attention
     p = f"blk.{layer.index}."
     ops: list[Op] = [RMSNorm("h", "x", p + "attn_norm.weight", spec.norm_eps)]
+    widths = {"q": a.n_heads * a.head_dim, "k": a.n_kv_heads * a.head_dim, "v": a.n_kv_heads * a.v_head_dim}
     for name in ("q", "k", "v"):
         bias = p + f"attn_{name}.bias" if a.qkv_bias else None
-        ops.append(MatMul(name, "h", p + f"attn_{name}.weight", bias))
+        ops.append(MatMul(name, "h", p + f"attn_{name}.weight", bias, widths[name]))
     if a.qk_norm:
         ops.append(RMSNorm("q", "q", p + "attn_q_norm.weight", spec.norm_eps, group=a.head_dim))
         ops.append(RMSNorm("k", "k", p + "attn_k_norm.weight", spec.norm_eps, group=a.head_dim))
@@ -87,7 +132,7 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
         ops.append(Rope("k", a.n_kv_heads, a.head_dim, a.rope))
     ops.append(StoreKV(layer.index, "k", "v"))
     ops.append(Attention("attn", "q", layer.index, a))
-    ops.append(MatMul("o", "attn", p + "attn_output.weight"))
+    ops.append(MatMul("o", "attn", p + "attn_output.weight", n_out=spec.n_embd))
     if layer.post_attn_norm:
         ops.append(RMSNorm("o", "o", p + "post_attention_norm.weight", spec.norm_eps))
     ops.append(Add("x", "x", "o"))
@@ -98,10 +143,10 @@ def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     f = layer.ffn
     p = f"blk.{layer.index}."
     ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
-    ops.append(MatMul("g", "h", p + "ffn_gate.weight"))
-    ops.append(MatMul("u", "h", p + "ffn_up.weight"))
+    ops.append(MatMul("g", "h", p + "ffn_gate.weight", n_out=f.hidden))
+    ops.append(MatMul("u", "h", p + "ffn_up.weight", n_out=f.hidden))
     ops.append(GatedAct("g", "g", "u", f.activation))
-    ops.append(MatMul("f", "g", p + "ffn_down.weight"))
+    ops.append(MatMul("f", "g", p + "ffn_down.weight", n_out=spec.n_embd))
     if layer.post_ffn_norm:
         ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", spec.norm_eps))
     ops.append(Add("x", "x", "f"))

@@ -50,3 +50,35 @@ def test_groups_of_a_short_list():
            MatMul("o", "a", "wd"), Add("x", "x", "o"), MatMul("p", "x", "w1"), MatMul("r", "p", "w2")]
     assert [g.kind for g in fusion.groups(ops)] == ["gate_up", "residual", "op", "op"]
     assert [g.kind for g in fusion.groups(ops[:2])] == ["qkv"]
+
+
+@pytest.mark.parametrize("fixture", list(LAYERS))
+def test_plan_widths_are_the_files_shapes(request, fixture):
+    """Plan.widths (what the GPU sizes its buffers by) from the family's declared widths:
+    every matmul's output is its weight's rows, every norm and add keeps its input's width."""
+    from infr.plan import check_shapes
+
+    gf = open_gguf(request.getfixturevalue(fixture))
+    plan = build_plan(build_spec(gf))
+    check_shapes(plan, gf)
+    w = plan.widths
+    for op in plan.ops:
+        if isinstance(op, MatMul):
+            assert w[op.dst] >= int(gf.tensor(op.weight).shape[0]) and w[op.src] == int(gf.tensor(op.weight).shape[-1])
+    assert w["x"] == plan.spec.n_embd and w["logits"] == plan.spec.n_vocab
+
+
+def test_mislabelled_file_fails_at_load_with_the_tensor(smollm2_path):
+    """Metadata that disagrees with a tensor's shape (here a wrong feed_forward_length) is refused
+    with the tensor's name, before any backend sizes a buffer by it."""
+    import dataclasses
+
+    from infr.errors import InfrError
+    from infr.plan import check_shapes
+
+    gf = open_gguf(smollm2_path)
+    spec = build_spec(gf)
+    layers = list(spec.layers)
+    layers[3] = dataclasses.replace(layers[3], ffn=dataclasses.replace(layers[3].ffn, hidden=layers[3].ffn.hidden + 64))
+    with pytest.raises(InfrError, match=r"blk\.3\.ffn_gate\.weight is 1536 x 576, but the model's metadata makes it"):
+        check_shapes(build_plan(dataclasses.replace(spec, layers=tuple(layers))), gf)

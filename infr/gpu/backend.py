@@ -32,8 +32,7 @@ from infr.gpu import profile
 from infr.gpu.device import Device, get_device
 from infr.gpu.lowering import Lowering, find_stacks
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
-from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm
-from infr.plan import Plan
+from infr.plan import Plan, check_shapes
 from infr.sampling import host_sample
 
 MAX_BATCH = 512  # tokens per forward pass (llama.cpp's default ubatch); longer prompts run in chunks
@@ -86,7 +85,8 @@ class GPUBackend:
                 self.weights[name] = [storage(self.dev, np.asarray(t.raw, np.float32), label=name)]
             self.vram += t.nbytes
             self._report("upload", self.vram, weight_bytes)
-        self.widths = _buffer_widths(plan, gf)
+        check_shapes(plan, gf)
+        self.widths = plan.widths
         self._own_state()
         self._report("graph", 1, 1)
         self._progress = None  # load only: later shapes build silently
@@ -571,29 +571,6 @@ def _encode(enc, recording: Recording, timer=None) -> None:
     cp = enc.begin_compute_pass()
     recording.encode(cp, timer=timer)
     cp.end()
-
-
-def _buffer_widths(plan: Plan, gf: GGUFFile) -> dict[str, int]:
-    spec = plan.spec
-    widths: dict[str, int] = {}
-
-    def put(name: str, width: int) -> None:
-        widths[name] = max(widths.get(name, 0), width)
-
-    for op in plan.ops:
-        if isinstance(op, Embed):
-            put(op.dst, spec.n_embd)
-        elif isinstance(op, MatMul):
-            put(op.dst, gf.tensor(op.weight).shape[0])
-        elif isinstance(op, Attention):
-            put(op.dst, op.spec.n_heads * op.spec.v_head_dim)
-        elif isinstance(op, (RMSNorm,)):
-            put(op.dst, widths[op.src])
-        elif isinstance(op, GatedAct):
-            put(op.dst, widths[op.gate])
-        elif isinstance(op, Add):
-            put(op.dst, widths[op.a])
-    return widths
 
 
 _KERNELS: dict[int, Kernels] = {}
