@@ -176,10 +176,10 @@ def test_selection_follows_the_rounding_rule(gpu):
 
 def test_q4_k_m_mix_prefill_through_mmq(tmp_path, gpu, monkeypatch):
     """The Q4_K_M mix (one layer's ffn_down and attn_v, and the head, in Q6_K) with
-    Q6_K's activations rounded (added to numerics.Q8_ACTIVATIONS for this test only,
-    as the GEMV work for Q6_K will add it): a prompt prefilled in one batch runs
-    every Q4_K and Q6_K matmul through mmq (ffn_down with its residual add, the
-    head) and gives the CPU reference's logits."""
+    Q6_K's activations rounded (kept in numerics.Q8_ACTIVATIONS for this test
+    whatever the set holds): a prompt prefilled in one batch runs every Q4_K and
+    Q6_K matmul through mmq (ffn_down with its residual add, attn_v out of the
+    mixed q|k|v stack, the head) and gives the CPU reference's logits."""
     from closeness import assert_logits_close
 
     from infr import synth
