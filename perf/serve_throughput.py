@@ -5,10 +5,12 @@
         --streams 1,8,32,64 --llama --out perf/h200/serve-1b.json
 
 Starts a real server process per engine, warms it, then for each N sends N streaming
-/v1/completions at once (distinct random-word prompts of ~24 tokens, `max_tokens` --tokens,
+/v1/completions at once (distinct random-word prompts: ~24 tokens with a real tokenizer, ~139 with a synth model's, `max_tokens` --tokens,
 greedy, `ignore_eos`, `cache_prompt: false`) and times from the first request to the last stream's
 end: aggregate = generated tokens / that time; one stream's rate is also reported from its own
-first to last chunk. `--llama`: the same against `llama-server -np PARALLEL` (continuous batching)
+first to last token by the server's own `timings` (chunk times where it sends none). For infr, the round's engine counters from /metrics (steps, rows, seconds in
+backend steps and that time's fraction of the round) show whether the engine or the server side
+bounds it. `--llama`: the same against `llama-server -np PARALLEL` (continuous batching)
 on the same file, in the same run. `--bench`: also `python -m infr.bench -p 0 -n TOKENS` on the
 file, the single-stream bar. Results go to --out with the machine, the command and the date.
 """
@@ -46,23 +48,30 @@ def _prompt(i: int) -> str:
     return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(20)) + f" {i}:"
 
 
-async def _one(client: httpx.AsyncClient, i: int, tokens: int) -> tuple[int, float, float]:
+async def _one(client: httpx.AsyncClient, i: int, tokens: int) -> tuple[int, int, float]:
+    """(generated tokens, prompt tokens, this stream's decode rate). The rate is the server's own
+    `timings` (llama-server's, which infr serve also sends): tokens after the first over the time
+    from the first to the last, as python -m infr.bench's tg. A server that sends several tokens
+    per chunk makes client-side chunk times useless for it."""
     body = {"model": "m", "prompt": _prompt(i), "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "cache_prompt": False, "stream_options": {"include_usage": True}}
-    n, first, last = 0, None, None
+    n, prompt, rate, first, last = 0, 0, 0.0, None, None
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             ev = json.loads(line[6:])
-            now = time.perf_counter()
-            if ev.get("usage"):
-                n = ev["usage"]["completion_tokens"]
             if ev.get("choices") and ev["choices"][0].get("text"):
-                first = first or now
-                last = now
-    return n, first or 0.0, last or 0.0
+                first, last = first or time.perf_counter(), time.perf_counter()
+            if ev.get("usage"):
+                n, prompt = ev["usage"]["completion_tokens"], ev["usage"]["prompt_tokens"]
+            t = ev.get("timings")
+            if t and t.get("predicted_n", 0) > 1 and t.get("predicted_ms", 0) > 0:
+                rate = (t["predicted_n"] - 1) / (t["predicted_ms"] / 1e3)
+    if not rate and first is not None and last > first and n > 1:  # no timings: one token per chunk assumed
+        rate = (n - 1) / (last - first)
+    return n, prompt, rate
 
 
 async def _round(base: str, streams: int, tokens: int, offset: int) -> dict:
@@ -71,9 +80,9 @@ async def _round(base: str, streams: int, tokens: int, offset: int) -> dict:
         got = await asyncio.gather(*(_one(c, offset + i, tokens) for i in range(streams)))
         wall = time.perf_counter() - t0
     total = sum(n for n, _, _ in got)
-    per = [(n - 1) / (b - a) for n, a, b in got if b > a and n > 1]
-    return {"streams": streams, "generated_tokens": total, "seconds": wall, "aggregate_tps": total / wall,
-            "per_stream_tps_mean": sum(per) / len(per) if per else 0.0}
+    per = [rate for _, _, rate in got if rate > 0]
+    return {"streams": streams, "prompt_tokens": sum(p for _, p, _ in got), "generated_tokens": total,
+            "seconds": wall, "aggregate_tps": total / wall, "per_stream_tps_mean": sum(per) / len(per) if per else 0.0}
 
 
 def _wait(base: str, proc: subprocess.Popen, log: Path, timeout: float = 900) -> None:
@@ -90,6 +99,22 @@ def _wait(base: str, proc: subprocess.Popen, log: Path, timeout: float = 900) ->
     raise SystemExit("server not ready:\n" + log.read_text()[-3000:])
 
 
+def _engine(base: str) -> dict | None:
+    """infr's engine counters from /metrics (None for a server without them)."""
+    try:
+        text = httpx.get(base + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    keys = {"infr_engine_steps_total": "steps", "infr_step_seconds_sum": "step_seconds",
+            'infr_batch_rows_total{kind="decode"}': "decode_rows", 'infr_batch_rows_total{kind="prefill"}': "prefill_rows"}
+    got = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in keys:
+            got[keys[name]] = float(value)
+    return got if len(got) == len(keys) else None
+
+
 def measure(cmd: list[str], base: str, streams: list[int], tokens: int, log: Path) -> list[dict]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -98,9 +123,16 @@ def measure(cmd: list[str], base: str, streams: list[int], tokens: int, log: Pat
         asyncio.run(_round(base, min(4, max(streams)), 8, 10_000))  # warm: graphs, caches
         rounds = []
         for k, n in enumerate(streams):
+            before = _engine(base)
             r = asyncio.run(_round(base, n, tokens, 1000 * (k + 1)))
+            after = _engine(base)
+            if before and after:  # where the round's time went: engine steps against the wall
+                r["engine"] = {key: after[key] - before[key] for key in after}
+                r["engine"]["busy_fraction"] = r["engine"]["step_seconds"] / r["seconds"]
             print(f"  {n:3d} streams: {r['aggregate_tps']:.1f} tok/s aggregate, "
-                  f"{r['per_stream_tps_mean']:.1f} per stream", file=sys.stderr)
+                  f"{r['per_stream_tps_mean']:.1f} per stream"
+                  + (f", engine busy {r['engine']['busy_fraction']:.0%} of the round" if "engine" in r else ""),
+                  file=sys.stderr)
             rounds.append(r)
         return rounds
     finally:

@@ -241,6 +241,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let s = min(sb, nsub - 1u);  // idle lanes read the last sub-block
             let bc = s / 8u;
             let p = s % 8u;
+            if (NT == 1u) {
+                // One token: the activations first, then each row's weights meet them as they
+                // are read. Holding R rows' weights before the dot products (the batched order
+                // below) costs the fused gate||up a third of its bandwidth on the H200.
+                let xrow = t0 * params.x_stride;
+                var x: XL;
+                if (SAME_X) {
+                    x = seg_x(0u, xrow, xrow + xk, bc, p);
+                }
+                for (var i = 0u; i < R; i++) {
+                    if (!SAME_X) {
+                        x = seg_x(seg[i], xrow, xrow + xk, bc, p);
+                    }
+                    acc[i] += select(0.0, wdot(seg_w(seg[i], select(0u, i, PAIR), base[i], bc, p), x), live);
+                }
+                continue;
+            }
             var wb: array<WB, R>;
             for (var i = 0u; i < R; i++) {
                 wb[i] = seg_w(seg[i], select(0u, i, PAIR), base[i], bc, p);

@@ -51,10 +51,12 @@ READERS = {
 }
 
 # Small batches keep the GEMV: the kernel's time barely moves below ~64 tokens
-# (too few workgroups, each a long K loop), and on the H200 the GEMV won at 16
-# tokens (8B 369 vs 265 t/s, 1B 1861 vs 1151) and lost from 32 (8B 395 vs 523;
-# 1B even); perf/h200/prefill-mmq-2026-12-01.json. Decode (T = 1) keeps the GEMV.
-MMQ_MIN_T = 32
+# (too few workgroups, each a long K loop). On the H200, 8B Q4_K_M, batched
+# decode (perf/batched_bench.py, L sequences = L-row steps): L = 8 GEMV 507 vs
+# mmq 341 t/s, L = 16 GEMV 542 vs mmq 678, L = 32 GEMV 550 vs mmq 1321
+# (perf/h200/batched-8b-2026-12-02.json; the GEMV takes 8 tokens per workgroup).
+# Decode (T = 1) keeps the GEMV.
+MMQ_MIN_T = 16
 MIN_GROUPS = 256
 
 

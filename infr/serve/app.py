@@ -21,7 +21,7 @@ from infr.errors import InfrError
 from infr.serve import errors
 from infr.serve.errors import APIError
 from infr.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from infr.serve.service import Config, Service, new_id, usage
+from infr.serve.service import Config, Service, new_id, timings, usage
 
 log = logging.getLogger("infr.serve")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -150,7 +150,8 @@ async def chat_completions(request: Request, data: JSONBody[ChatCompletionReques
     out.finish()
     choice = {"index": 0, "message": out.message(), "finish_reason": _finish(outcome, out),
               "logprobs": {"content": logprobs} if data.logprobs else None}
-    return Response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(outcome)})
+    return Response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(outcome),
+                     "timings": timings(outcome)})
 
 
 async def _collect(request: Request, events: AsyncIterator) -> list:
@@ -189,12 +190,14 @@ def _finish(outcome, out) -> str:
 
 
 async def _chat_stream(svc: Service, prep, base: dict, include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
-    def chunk(delta: dict, finish: str | None = None, lp: list | None = None) -> bytes:
+    def chunk(delta: dict, finish: str | None = None, lp: list | None = None, timed=None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish,
                   "logprobs": {"content": lp} if logprobs and lp is not None else None}
         c = {**base, "object": "chat.completion.chunk", "choices": [choice]}
         if include_usage:
             c["usage"] = None
+        if timed is not None:  # the last chunk carries llama-server's timings
+            c["timings"] = timings(timed)
         return _sse(c)
 
     out = prep.output
@@ -213,7 +216,7 @@ async def _chat_stream(svc: Service, prep, base: dict, include_usage: bool, logp
                 yield chunk(d, lp=lp if i == 0 else None)
         for d in out.finish():
             yield chunk(d)
-        yield chunk({}, _finish(outcome, out))
+        yield chunk({}, _finish(outcome, out), timed=outcome)
         if include_usage:
             yield _sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage(outcome)})
     except Exception as e:  # headers are sent: the failure goes out as an error event
@@ -252,7 +255,8 @@ async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Re
             outcome = value
     choice = {"index": 0, "text": text, "finish_reason": _finish(outcome, None),
               "logprobs": _legacy_logprobs(entries, len(echo)) if data.logprobs is not None else None}
-    return Response({**base, "object": "text_completion", "choices": [choice], "usage": usage(outcome)})
+    return Response({**base, "object": "text_completion", "choices": [choice], "usage": usage(outcome),
+                     "timings": timings(outcome)})
 
 
 def _legacy_logprobs(entries: list[dict], offset: int) -> dict:
@@ -267,10 +271,12 @@ def _legacy_logprobs(entries: list[dict], offset: int) -> dict:
 
 
 async def _completion_stream(svc, prep, base, include_usage, echo, want_lp) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish: str | None = None, entries: list | None = None) -> bytes:
+    def chunk(text: str, finish: str | None = None, entries: list | None = None, timed=None) -> bytes:
         c = {**base, "object": "text_completion",
              "choices": [{"index": 0, "text": text, "finish_reason": finish,
                           "logprobs": _legacy_logprobs(entries, 0) if want_lp and entries else None}]}
+        if timed is not None:  # the last chunk carries llama-server's timings
+            c["timings"] = timings(timed)
         return _sse(c)
 
     try:
@@ -282,7 +288,7 @@ async def _completion_stream(svc, prep, base, include_usage, echo, want_lp) -> A
                 outcome = value
                 break
             yield chunk(value["text"], entries=value["logprobs"])
-        yield chunk("", _finish(outcome, None))
+        yield chunk("", _finish(outcome, None), timed=outcome)
         if include_usage:
             yield _sse({**base, "object": "text_completion", "choices": [], "usage": usage(outcome)})
     except Exception as e:  # headers are sent: the failure goes out as an error event

@@ -94,7 +94,7 @@ class Tracker:
             out.finish_reason = "stop"
         if req.t_first is not None:
             out.ttft = req.t_first - req.t_submit
-            out.gen_seconds = time.perf_counter() - req.t_first
+            out.gen_seconds = (req.t_done if req.t_done is not None else time.perf_counter()) - req.t_first
         tail = None
         if self.stops.hit is None and not out.cancelled:
             text = self.stops.push(self.stream.flush()) + self.stops.flush()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from infr.serve.metrics import Metrics
 from infr.serve.tools import FORCED_PREFIX, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
 
 log = logging.getLogger("infr.serve")
+SWITCH_INTERVAL = 0.0002  # seconds; see Service.load
 
 
 @dataclass
@@ -108,6 +110,10 @@ class Service:
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size,
                  pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, cfg.batch_tokens)
         self._stop.clear()
+        # The engine thread makes hundreds of short C calls per step (each releases the GIL); while
+        # the event loop holds it, every call waits out the switch interval (5 ms by default) and
+        # the GPU idles. A short interval hands the GIL back within a fraction of a decode step.
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
         self._thread.start()
 
@@ -268,9 +274,20 @@ class Service:
         except InfrError as e:
             raise APIError(400, str(e)) from None
         delivered = False
+        held: list = []  # an item taken while merging, handled next
         try:
             while True:
-                kind, value = await queue.get()
+                kind, value = held.pop() if held else await queue.get()
+                if kind == "text":
+                    # The engine hands over several tokens per step (the multi-step decode): what is
+                    # queued goes out as one event, so each chunk costs the server once, not per token.
+                    while not queue.empty():
+                        more = queue.get_nowait()
+                        if more[0] != "text":
+                            held.append(more)
+                            break
+                        value = {"text": value["text"] + more[1]["text"],
+                                 "logprobs": value["logprobs"] + more[1]["logprobs"]}
                 if kind == "done":
                     if req.finish_reason == "error":
                         delivered = True  # counted as an error, not as a cancellation
@@ -308,3 +325,13 @@ def _plain(obj) -> dict:
     import msgspec
 
     return msgspec.to_builtins(obj)
+
+
+def timings(outcome: generation.Outcome) -> dict:
+    """llama-server's `timings` object: prompt from submission to the first token, generation
+    from the first token to the last (predicted_n counts the first token, as llama-server's)."""
+    prompt_n = outcome.prompt_tokens - outcome.reused_tokens
+    gen, n = outcome.gen_seconds, outcome.completion_tokens
+    return {"cache_n": outcome.reused_tokens, "prompt_n": prompt_n, "prompt_ms": outcome.ttft * 1e3,
+            "prompt_per_second": prompt_n / outcome.ttft if outcome.ttft > 0 else 0.0,
+            "predicted_n": n, "predicted_ms": gen * 1e3, "predicted_per_second": n / gen if gen > 0 else 0.0}

@@ -189,6 +189,9 @@ def test_stacked_mixed_types(gpu, kernels, types, sizes, K, gemm):
     _stack(gpu, kernels, types, sizes, K, 3, 7, gemm=gemm)
 
 
+GREEDY_TIE = 0.05  # logits (scale ~6 here): the GPU's greedy token may differ from the reference's below this
+
+
 @pytest.mark.parametrize("weight_type,n_embd,n_ff", [("Q4_K_M", 256, 512), ("Q4_K_M", 64, 128)],
                          ids=["q4_k-q6_k", "q5_0-q8_0"])
 def test_q4_k_m_mix_greedy_equals_cpu(tmp_path, gpu, weight_type, n_embd, n_ff):
@@ -222,9 +225,13 @@ def test_q4_k_m_mix_greedy_equals_cpu(tmp_path, gpu, weight_type, n_embd, n_ff):
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, spec.n_vocab, 40).tolist()
     assert_logits_close(gpu_be.forward(prompt, 0, n_logits=4), cpu_be.forward(prompt, 0, n_logits=4), True)
-    want, logits = [], cpu_be.forward(prompt[:6], 0)[-1]
-    for i in range(10):
-        want.append(int(np.argmax(logits)))
-        logits = cpu_be.forward([want[-1]], 6 + i)[-1]
     first = int(np.argmax(gpu_be.forward(prompt[:6], 0)[-1]))
-    assert [first] + gpu_be.decode_greedy(first, 6, 9) == want
+    got = [first] + gpu_be.decode_greedy(first, 6, 9)
+    # The reference follows the GPU's tokens: each is its argmax, or within GREEDY_TIE of it
+    # (this random model has near-ties: 0.013 between its top two at step 9, which one
+    # reduction order of the GEMV picks one way and another the other).
+    logits = cpu_be.forward(prompt[:6], 0)[-1]
+    for i, t in enumerate(got):
+        assert logits[t] >= logits.max() - GREEDY_TIE, (i, t, int(np.argmax(logits)), float(logits.max() - logits[t]))
+        logits = cpu_be.forward([t], 6 + i)[-1]
+    assert len(set(got)) > 2  # a real chain, not one token repeated

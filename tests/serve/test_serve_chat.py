@@ -49,6 +49,12 @@ def test_stream_equals_non_stream_greedy(smol_openai):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    # the finish chunk carries llama-server's timings, counting what usage counts
+    timed = [c.model_extra["timings"] for c in chunks if (c.model_extra or {}).get("timings")]
+    assert len(timed) == 1 and timed[0]["predicted_n"] == 24
+    assert timed[0]["prompt_n"] + timed[0]["cache_n"] == chunks[-1].usage.prompt_tokens
+    assert timed[0]["predicted_ms"] > 0 and timed[0]["prompt_ms"] > 0
+    assert abs(timed[0]["predicted_per_second"] - 24 / (timed[0]["predicted_ms"] / 1e3)) < 1e-6 * 24
 
 
 def test_max_tokens_gives_length(smol_openai):
