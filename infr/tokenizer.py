@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import TYPE_CHECKING, Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -115,7 +116,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        hf: HFTokenizer,
+        hf: "HFTokenizer | Future[HFTokenizer]",
         tokens: list[str],
         attrs: np.ndarray,
         *,
@@ -128,7 +129,7 @@ class Tokenizer:
         add_space_prefix: bool,
         clean_spaces: bool,
     ):
-        self.hf = hf
+        self._hf = hf
         self._tokens = tokens
         self._attrs = attrs
         self.kind = kind  # "bpe" (byte-level), "spm", or "spm-bpe" (gemma4 style)
@@ -146,10 +147,23 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> "Tokenizer":
-        """Build from a model's metadata. Measured (2-core box): 0.05-0.1 s for SmolLM2's 49k
-        BPE vocabulary, ~0.2 s for Qwen2.5's 152k, ~0.9 s for Gemma 3's 262k SentencePiece
-        vocabulary, most of it deriving 515k merges from the scores."""
+        """Build from a model's metadata. The HF tokenizer is built on a thread of its own
+        (`hf` waits for it): 0.05-0.1 s for SmolLM2's 49k BPE vocabulary, 0.3-0.4 s for
+        Qwen2.5's 152k, 1.1-1.3 s for Gemma 3's 262k SentencePiece vocabulary (its merges read
+        from infr.tokenizer_cache), on the 2-core development machine. Most of that is
+        `tokenizers.models.BPE` itself, which holds the GIL throughout; a model's load runs
+        meanwhile wherever it does not need the GIL (its weights' memory being allocated,
+        numpy's kernels), so a cold `infr run` no longer waits for the two one after the other."""
         return _build(gf)
+
+    @property
+    def hf(self) -> HFTokenizer:
+        """The HF tokenizer; from_gguf builds it on a thread, so the first use may wait for it
+        (and raises what building it raised)."""
+        hf = self._hf
+        if isinstance(hf, Future):
+            hf = self._hf = hf.result()
+        return hf
 
     # --- vocabulary
 
@@ -399,7 +413,9 @@ def _build(gf: GGUFFile) -> Tokenizer:
     eog = _end_of_generation(gf, tokens, vocab, attrs, eos_id, special_id)
     _model_quirks(gf, tokens, vocab, attrs)
 
-    hf = _hf_tokenizer(gf, kind, pre, tokens, vocab, attrs, add_space_prefix)
+    if kind != "spm" and gf.get("tokenizer.ggml.merges") is None:  # this error at load, not first use
+        raise GGUFError(f"{name}: cannot find tokenizer merges in model file")
+    hf = _on_thread(_hf_tokenizer, gf, kind, pre, tokens, vocab, attrs, add_space_prefix)
     return Tokenizer(
         hf,
         tokens,
@@ -470,6 +486,20 @@ def _model_quirks(gf, tokens, vocab, attrs) -> None:
         for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
             if text in vocab:
                 attrs[vocab[text]] = (attrs[vocab[text]] | _RSTRIP) if on else (attrs[vocab[text]] & ~_RSTRIP)
+
+
+def _on_thread(fn: Callable, *args) -> Future:
+    """fn(*args) on a daemon thread; its result or exception in the returned Future."""
+    fut: Future = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 (re-raised where the result is taken)
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="infr-tokenizer", daemon=True).start()
+    return fut
 
 
 def _hf_tokenizer(gf, kind, pre, tokens, vocab, attrs, add_space_prefix) -> HFTokenizer:

@@ -259,3 +259,17 @@ def test_add_bos_defaults_follow_llama_cpp(tmp_path):
     assert (bpe.add_bos, bpe.add_eos) == (False, False)
     off = Tokenizer.from_gguf(open_gguf(_write_spm(tmp_path / "off.gguf", add_bos_token=False)))
     assert not off.add_bos and off.encode("a")[:1] != [1]
+
+
+def test_hf_tokenizer_is_built_on_a_thread_and_its_failure_raised_at_first_use(tmp_path):
+    # from_gguf returns before tokenizers has built the BPE (a model's load runs meanwhile);
+    # what that build raises comes out of the first encode, on every use after, not a hang.
+    tokens, merges = _byte_vocab()
+    gf = open_gguf(_write_vocab(tmp_path / "bad.gguf", "gpt-2", tokens, merges + ["Ġ zz"]))
+    tok = Tokenizer.from_gguf(gf)
+    assert tok.piece(tok.n_vocab - 1) == "Ġ'"  # the vocabulary side needs no HF tokenizer
+    for _ in range(2):
+        with pytest.raises(Exception, match="zz"):
+            tok.encode("the")
+    good = Tokenizer.from_gguf(open_gguf(_write_vocab(tmp_path / "good.gguf", "gpt-2", tokens, merges)))
+    assert good.encode(" the", add_special=False) == [tokens.index("Ġthe")]

@@ -105,10 +105,11 @@ def test_merges_cache_round_trip(gemma3_path, tmp_path, monkeypatch):
     monkeypatch.setenv("INFR_CACHE", str(tmp_path))
     calls = _derivations(monkeypatch)
     first = Tokenizer.from_gguf(open_gguf(gemma3_path))
+    assert first.hf is not None  # built on a thread; this waits for it
     cached = tokenizer_cache.cache_file(gemma3_path)
     assert calls == [1] and cached.exists() and cached.parent.parent == tmp_path
     again = Tokenizer.from_gguf(open_gguf(gemma3_path))
-    assert calls == [1]  # read back, not derived
+    assert again.hf is not None and calls == [1]  # read back, not derived
     for text in TEXTS:
         assert again.encode(text) == first.encode(text)
     tokens = open_gguf(gemma3_path).get("tokenizer.ggml.tokens")

@@ -66,45 +66,69 @@ def _scale(s: np.ndarray, name: str = "d") -> np.ndarray:
     return s[name].astype(F32)[:, None]
 
 
+# The float step of every kernel: the small integers are converted to float32 into `out`
+# (exactly), then scaled there, float32 by float32. A mixed int8 x float32 multiply is the same
+# product but goes through numpy's buffered casting: 1.3-1.5x slower for the whole kernel.
+
+
 def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     s = blocks.reshape(-1).view(_Q4_0)
     q = _nibbles32(s)
     q -= np.uint8(8)  # as int8: q - 8
-    np.multiply(q.view(np.int8), _scale(s), out=out)
+    out[...] = q.view(np.int8)
+    out *= _scale(s)
 
 
 def _q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     s = blocks.reshape(-1).view(_Q4_1)
-    np.multiply(_nibbles32(s), _scale(s), out=out)
+    out[...] = _nibbles32(s)
+    out *= _scale(s)
     out += _scale(s, "m")
 
 
 def _high_bits(qh: np.ndarray) -> np.ndarray:
-    """Q5_0/Q5_1: bit j of the 32-bit qh as 0 or 16 in byte j, (C, 32)."""
-    h = np.unpackbits(qh, axis=1, bitorder="little")
-    h <<= np.uint8(4)
+    """Q5_0/Q5_1: bit j of the 32-bit qh (C, 4 bytes) as 0 or 16 in byte j, (C, 4) uint64 words.
+
+    Each qh byte is copied into all 8 bytes of a word (times 0x0101..01, no carries), byte i
+    keeps bit i, + 0x7F per byte sets that byte's top bit iff the bit was set (no carry out of
+    a byte), and that top bit moved down 3 places is 16. 3x faster than np.unpackbits here."""
+    h = qh.astype(np.uint64)
+    h *= _REPEAT_BYTE
+    h &= _BIT_I_OF_BYTE_I
+    h += _SEVEN_F
+    h >>= np.uint64(3)
+    h &= _SIXTEENS
     return h
+
+
+_REPEAT_BYTE = np.uint64(0x0101010101010101)
+_BIT_I_OF_BYTE_I = np.uint64(0x8040201008040201)
+_SEVEN_F = np.uint64(0x7F7F7F7F7F7F7F7F)
+_SIXTEENS = np.uint64(0x1010101010101010)
 
 
 def _q5_0(blocks: np.ndarray, out: np.ndarray) -> None:
     s = blocks.reshape(-1).view(_Q5_0)
     q = _nibbles32(s)
-    q |= _high_bits(blocks[:, 2:6])
+    q.view(np.uint64)[...] |= _high_bits(blocks[:, 2:6])
     q -= np.uint8(16)  # as int8: q - 16
-    np.multiply(q.view(np.int8), _scale(s), out=out)
+    out[...] = q.view(np.int8)
+    out *= _scale(s)
 
 
 def _q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
     s = blocks.reshape(-1).view(_Q5_1)
     q = _nibbles32(s)
-    q |= _high_bits(blocks[:, 4:8])
-    np.multiply(q, _scale(s), out=out)
+    q.view(np.uint64)[...] |= _high_bits(blocks[:, 4:8])
+    out[...] = q
+    out *= _scale(s)
     out += _scale(s, "m")
 
 
 def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     s = blocks.reshape(-1).view(_Q8_0)
-    np.multiply(blocks[:, 2:].view(np.int8), _scale(s), out=out)
+    out[...] = blocks[:, 2:].view(np.int8)
+    out *= _scale(s)
 
 
 def _k_nibbles(words: np.ndarray) -> np.ndarray:
@@ -130,7 +154,8 @@ def _q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     dl, ml = _k_scales(blocks, s)
     q = _k_nibbles(s["q"]).view(np.uint8).reshape(len(blocks), 8, 32)
     o = out.reshape(len(blocks), 8, 32)
-    np.multiply(q, dl, out=o)
+    o[...] = q
+    o *= dl
     o -= ml
 
 
@@ -143,7 +168,8 @@ def _q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     h <<= _FOUR
     q |= h
     o = out.reshape(len(blocks), 8, 32)
-    np.multiply(q.view(np.uint8).reshape(len(blocks), 8, 32), dl, out=o)
+    o[...] = q.view(np.uint8).reshape(len(blocks), 8, 32)
+    o *= dl
     o -= ml
 
 
@@ -162,7 +188,9 @@ def _q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     qb = q.view(np.uint8)
     qb -= np.uint8(32)  # as int8: q - 32
     dl = (_scale(s) * blocks[:, 192:208].view(np.int8).astype(F32)).reshape(n, 16, 1)
-    np.multiply(qb.view(np.int8).reshape(n, 16, 16), dl, out=out.reshape(n, 16, 16))
+    o = out.reshape(n, 16, 16)
+    o[...] = qb.view(np.int8).reshape(n, 16, 16)
+    o *= dl
 
 
 KERNELS = {
