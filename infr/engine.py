@@ -26,7 +26,7 @@ from infr.errors import InfrError
 from infr.gguf_file import GGUFFile, open_gguf
 from infr.models import build_spec
 from infr.models.spec import ModelSpec
-from infr.plan import Plan, build_plan, check_shapes
+from infr.plan import Plan, bind, build_plan
 from infr.sampling import SamplingParams
 from infr.scheduler import Request, Scheduler
 from infr.tokenizer import Tokenizer
@@ -61,8 +61,8 @@ class Model:
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
-        self.plan: Plan = build_plan(self.spec)
-        check_shapes(self.plan, self.gguf)  # a damaged file fails here, with the tensor's name
+        # Bound to the file: a damaged file fails here, with the tensor's name; each matmul's numerics set.
+        self.plan: Plan = bind(build_plan(self.spec), self.gguf)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         tok = self.tokenizer
         self.template = ChatTemplate.from_gguf(

@@ -35,6 +35,9 @@ class MatMul:
     weight: str  # [out, in] tensor: dst = src @ weight.T (+ bias)
     bias: str | None = None
     n_out: int = 0  # the output width the family declares (0: not declared); checked against the file
+    # Its input rounded to 8 bits per 32 values (infr/numerics.py: takes_q8 of the weight's type),
+    # set once from the file by infr.plan.bind; None in a plan not yet bound to a file.
+    q8: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,17 @@
 The plan has three parts so a backend can run the head on the last row only
 (prefill needs one row of logits, teacher forcing needs all of them). Its
 `groups` cut the body into the runs a backend may fuse (infr/fusion.py).
+`build_plan` needs only the family's spec; `bind` then reads the file once:
+it checks the weights' shapes and sets each matmul's input numerics
+(MatMul.q8), so no backend derives them from weight types while it runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from infr import fusion
+from infr import fusion, numerics
 from infr.models.spec import LayerSpec, ModelSpec
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, Op, RMSNorm, Rope, Softcap, StoreKV
 
@@ -41,6 +44,11 @@ class Plan:
     @property
     def ops(self) -> tuple[Op, ...]:
         return self.embed + self.layers + self.head
+
+    @property
+    def bound(self) -> bool:
+        """Whether every matmul's input numerics are set (bind)."""
+        return all(op.q8 is not None for op in self.ops if isinstance(op, MatMul))
 
     @cached_property
     def groups(self) -> tuple[fusion.Group, ...]:
@@ -98,6 +106,22 @@ def check_shapes(plan: Plan, gf) -> None:
         w = _width(op, now, plan.spec)
         if w:
             now[op.dst] = w
+
+
+def bind(plan: Plan, gf) -> Plan:
+    """The plan for file gf, once at load: its weights' shapes checked (check_shapes) and each
+    matmul not yet marked given its input numerics from its weight's type, MatMul.q8 =
+    numerics.takes_q8 (the rounding both backends then apply as the op says). A plan whose
+    matmuls are all marked comes back as it is."""
+    check_shapes(plan, gf)
+    if plan.bound:
+        return plan
+
+    def mark(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        return tuple(replace(op, q8=numerics.takes_q8(gf.tensor(op.weight).qtype))
+                     if isinstance(op, MatMul) and op.q8 is None else op for op in ops)
+
+    return replace(plan, embed=mark(plan.embed), layers=mark(plan.layers), head=mark(plan.head))
 
 
 def build_plan(spec: ModelSpec) -> Plan:

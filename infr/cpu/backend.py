@@ -9,6 +9,8 @@ rows reads each weight once; attention runs per sequence over its own keys.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from infr.batch import Batch, StepResult
@@ -17,9 +19,8 @@ from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.kvpool import BLOCK_SIZE
-from infr.numerics import takes_q8
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
-from infr.plan import Plan
+from infr.plan import Plan, bind
 from infr.sampling import host_sample
 
 
@@ -33,9 +34,10 @@ class CPUBackend:
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: int | None = None,
                  block_size: int = BLOCK_SIZE):
-        self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
+        self.gf, self.n_ctx = gf, n_ctx
         for name in plan.weights():
             check_supported(gf.tensor(name))  # missing tensor / unsupported type fail at load
+        self.plan = plan = bind(plan, gf)  # shapes checked; each matmul's numerics (MatMul.q8) set
         self.w = WeightStore(gf)
         # The embedding table is gathered row by row unless the head needs it whole.
         embed_table = plan.embed[0].table
@@ -49,6 +51,9 @@ class CPUBackend:
         for st in plan.state:
             self.k_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.head_dim), np.float16)
             self.v_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.v_head_dim), np.float16)
+        ropes: dict = {}
+        self._body_ops = [self._compile(op, ropes) for op in plan.embed + plan.layers]
+        self._head_ops = [self._compile(op, ropes) for op in plan.head]
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -122,55 +127,76 @@ class CPUBackend:
               generated: np.ndarray | None = None) -> np.ndarray:
         env: dict[str, np.ndarray] = {}
         ctx = _Rows(pos, np.asarray(slots), tables, self._physical(pos, np.asarray(slots), tables), generated)
-        for op in self.plan.embed + self.plan.layers:
-            self._run(op, env, ids, ctx)
+        for run in self._body_ops:
+            run(env, ids, ctx)
         return env["x"]
 
     def _head(self, x: np.ndarray, generated: np.ndarray | None = None) -> np.ndarray:
         env = {"x": x}
-        for op in self.plan.head:
-            self._run(op, env, None, _Rows.only(generated))
+        ctx = _Rows.only(generated)
+        for run in self._head_ops:
+            run(env, None, ctx)
         return env["logits"]
 
-    def _run(self, op, env: dict[str, np.ndarray], ids: np.ndarray | None, ctx: "_Rows | None") -> None:
+    def _compile(self, op, ropes: dict) -> Callable[[dict, np.ndarray | None, "_Rows"], None]:
+        """op as a function of (env, ids, rows), with what it needs from the plan and the weights
+        looked up once, at load: its arrays, its numerics (MatMul.q8), which rope table it shares."""
         w = self.w
         if isinstance(op, MatMul):
-            y = _matmul(self._input(env, op), w[op.weight].T, ctx.generated if ctx is not None else None)
-            if op.bias:
-                y += w[op.bias]
-            env[op.dst] = y
-        elif isinstance(op, RMSNorm):
-            env[op.dst] = F.rms_norm(env[op.src], w[op.weight], op.eps, op.group)
-        elif isinstance(op, Rope):
-            ff = w[op.rope.freq_factors] if op.rope.freq_factors else None
-            angles = F.rope_angles(ctx.pos, op.rope, ff)
-            env[op.buf] = F.rope(env[op.buf], op.n_heads, op.head_dim, angles, op.rope.style)
-        elif isinstance(op, StoreKV):
-            kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
-            n = len(ctx.pos)
-            kc[ctx.phys] = env[op.k].reshape(n, kc.shape[1], kc.shape[2])
-            vc[ctx.phys] = env[op.v].reshape(n, vc.shape[1], vc.shape[2])
-        elif isinstance(op, Attention):
-            env[op.dst] = self._attention(op, env[op.q], ctx)
-        elif isinstance(op, GatedAct):
-            env[op.dst] = F.gated_act(env[op.gate], env[op.up], op.act)
-        elif isinstance(op, Add):
-            env[op.dst] = env[op.a] + env[op.b]
-        elif isinstance(op, Embed):
-            env[op.dst] = w.rows(op.table, ids) * np.float32(op.scale)
-        elif isinstance(op, Softcap):
-            env[op.buf] = np.tanh(env[op.buf] / op.cap) * np.float32(op.cap)
-        else:  # a new op kind must be implemented here before a plan may use it
-            raise NotImplementedError(type(op).__name__)
+            wt, bias = w[op.weight].T, (w[op.bias] if op.bias else None)
+            src, dst = op.src, op.dst
+            rounded = self._rounded if op.q8 else None
 
-    def _input(self, env: dict[str, np.ndarray], op: MatMul) -> np.ndarray:
-        """The activations op multiplies: rounded to 8 bits once per value for every matmul that
-        reads it (q, k and v share one rounding, gate and up another; on SmolLM2's decode the
-        numpy calls of the rounding were ~12 ms of a 57 ms token)."""
-        x = env[op.src]
-        if not takes_q8(self.gf.tensor(op.weight).qtype):
-            return x
-        key = "q8:" + op.src
+            def matmul(env, ids, ctx):
+                x = env[src] if rounded is None else rounded(env, src)
+                y = _matmul(x, wt, ctx)
+                if bias is not None:
+                    y += bias
+                env[dst] = y
+            return matmul
+        if isinstance(op, RMSNorm):
+            g = w[op.weight]
+            return lambda env, ids, ctx: env.__setitem__(op.dst, F.rms_norm(env[op.src], g, op.eps, op.group))
+        if isinstance(op, Rope):
+            ff = w[op.rope.freq_factors] if op.rope.freq_factors else None
+            key = ropes.setdefault((op.rope, op.rope.freq_factors), len(ropes))  # q and k share one table a step
+
+            def rope(env, ids, ctx):
+                table = ctx.ropes.get(key)
+                if table is None:
+                    table = ctx.ropes[key] = F.rope_table(F.rope_angles(ctx.pos, op.rope, ff))
+                env[op.buf] = F.rope_rotate(env[op.buf], op.n_heads, op.head_dim, table, op.rope.style)
+            return rope
+        if isinstance(op, StoreKV):
+            kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
+
+            def store(env, ids, ctx):
+                n = len(ctx.pos)
+                kc[ctx.phys] = env[op.k].reshape(n, kc.shape[1], kc.shape[2])
+                vc[ctx.phys] = env[op.v].reshape(n, vc.shape[1], vc.shape[2])
+            return store
+        if isinstance(op, Attention):
+            return lambda env, ids, ctx: env.__setitem__(op.dst, self._attention(op, env[op.q], ctx))
+        if isinstance(op, GatedAct):
+            return lambda env, ids, ctx: env.__setitem__(op.dst, F.gated_act(env[op.gate], env[op.up], op.act))
+        if isinstance(op, Add):
+            return lambda env, ids, ctx: env.__setitem__(op.dst, env[op.a] + env[op.b])
+        if isinstance(op, Embed):
+            scale = np.float32(op.scale)
+            return lambda env, ids, ctx: env.__setitem__(op.dst, w.rows(op.table, ids) * scale)
+        if isinstance(op, Softcap):
+            cap = np.float32(op.cap)
+            return lambda env, ids, ctx: env.__setitem__(op.buf, np.tanh(env[op.buf] / op.cap) * cap)
+        # a new op kind must be implemented here before a plan may use it
+        raise NotImplementedError(type(op).__name__)
+
+    @staticmethod
+    def _rounded(env: dict[str, np.ndarray], src: str) -> np.ndarray:
+        """Value src rounded to 8 bits (the input of a matmul marked q8): once per value for every
+        matmul that reads it (q, k and v share one rounding, gate and up another; on SmolLM2's
+        decode the numpy calls of the rounding were ~12 ms of a 57 ms token)."""
+        x = env[src]
+        key = "q8:" + src
         got = env.get(key)
         if got is None or got[0] is not x:  # another value under that name since: round it anew
             env[key] = got = (x, F.quantize_q8(x))
@@ -183,22 +209,18 @@ class CPUBackend:
         a = op.spec
         kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
         out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
-        gen = ctx.generated
-        for sel, keys in ctx.groups(self.block_size):
+        for keys, rows, decoded in ctx.groups(self.block_size):
             k, v = kc[keys], vc[keys]
-            one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
-            rows = sel[~one]
             if len(rows):
                 out[rows] = F.attention(q[rows], k, v, ctx.pos[rows], len(keys), a.n_heads, a.scale,
                                         a.sliding_window, a.softcap, padded=True)
-            for r in sel[one]:  # over its own keys only, as when it was decoded
-                n = int(ctx.pos[r]) + 1
+            for r, n in decoded:  # over its own keys only, as when it was decoded
                 out[r : r + 1] = F.attention(q[r : r + 1], k[:n], v[:n], ctx.pos[r : r + 1], n, a.n_heads, a.scale,
                                              a.sliding_window, a.softcap)
         return out
 
 
-def _matmul(x: np.ndarray, wt: np.ndarray, generated: np.ndarray | None) -> np.ndarray:
+def _matmul(x: np.ndarray, wt: np.ndarray, rows: "_Rows") -> np.ndarray:
     """x @ wt with every row's sums independent of the other rows. BLAS sums a lone row (gemv) and a
     small product in other orders than a gemm, and a gemm's rows agree whatever their number. So
     generated tokens' rows (decode) go through gemv one at a time, and prompt rows through one gemm
@@ -207,25 +229,29 @@ def _matmul(x: np.ndarray, wt: np.ndarray, generated: np.ndarray | None) -> np.n
     prefix cache held. Padding every decode row instead made gemm pack the whole weight per row:
     SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s; decode rows one by one match the
     gemm up to ~10 rows (SmolLM2's shapes, OpenBLAS, one and two threads)."""
-    if generated is None or not generated.any():
+    if not rows.one:
         return F.padded_matmul(x, wt)
     y = np.empty((x.shape[0], wt.shape[1]), np.float32)
-    for i in np.flatnonzero(generated):
+    for i in rows.one:
         y[i] = x[i] @ wt
-    rest = np.flatnonzero(~generated)
-    if len(rest):
-        y[rest] = _matmul(x[rest], wt, None)
+    if len(rows.rest):
+        y[rows.rest] = F.padded_matmul(x[rows.rest], wt)
     return y
 
 
 class _Rows:
-    """Where a batch's rows live: positions, slots and store rows, and per
+    """Where a batch's rows live: positions, slots and store rows, which rows are generated, and per
     sequence the store rows of its keys (computed once per step, used by every layer)."""
 
     def __init__(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]], phys: np.ndarray,
                  generated: np.ndarray | None = None):
         self.pos, self.slots, self.tables, self.phys = pos, slots, tables, phys
         self.generated = generated
+        # The rows each matmul takes one at a time (generated) and the rest, found once a step.
+        gen = generated is not None and bool(generated.any())
+        self.one: list[int] = np.flatnonzero(generated).tolist() if gen else []
+        self.rest = np.flatnonzero(~generated) if gen else None
+        self.ropes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a rope table per RopeSpec, this step's positions
         self._groups = None
 
     @classmethod
@@ -234,13 +260,18 @@ class _Rows:
         empty = np.zeros(0, np.int64)
         return cls(empty, empty, {}, empty, generated)
 
-    def groups(self, bs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def groups(self, bs: int) -> list[tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]]:
+        """Per sequence: the store rows of its keys, its prompt rows, and its generated rows with the
+        number of keys each reads."""
         if self._groups is None:
             self._groups = []
+            gen = self.generated
             for s in np.unique(self.slots):
                 sel = np.flatnonzero(self.slots == s)
                 n_kv = int(self.pos[sel].max()) + 1
                 j = np.arange(n_kv)
                 table = np.asarray(self.tables[int(s)], np.int64)
-                self._groups.append((sel, table[j // bs] * bs + j % bs))
+                one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
+                decoded = [(int(r), int(self.pos[r]) + 1) for r in sel[one]]
+                self._groups.append((table[j // bs] * bs + j % bs, sel[~one], decoded))
         return self._groups

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from infr.numerics import Q8_ACTIVATIONS, matmul_input, quantize_q8  # noqa: F401 (the rules live there)
@@ -20,11 +23,49 @@ def padded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     size (two at least), so each row's sums are those of any larger gemm: the same whether the row
     came in a chunk of 5 or of 37 (with 8-bit activations one ulp can cross a rounding step)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    pad = max(2, SMALL_GEMM // max(k * n, 1) + 1) - m
-    if pad <= 0:
+    rows = max(2, SMALL_GEMM // max(k * n, 1) + 1)
+    if rows <= m:
         return np.matmul(a, b)
-    zeros = np.zeros(a.shape[:-2] + (pad, k), a.dtype)
-    return np.matmul(np.concatenate([a, zeros], axis=-2), b)[..., :m, :]
+    return np.matmul(_pads.get(a, rows), b)[..., :m, :]
+
+
+class _PadBuffers(threading.local):
+    """The zero-padded inputs of padded_matmul, kept per shape: a step's layers multiply the same
+    shapes (every layer's k and v; attention over one context length), so the buffer is reused and
+    only a's rows and the rows the last call wrote past them are written (instead of a new zeroed
+    array and a concatenated copy on every call). Per thread, a few shapes, small buffers only."""
+
+    KEEP = 8  # shapes
+    MAX_BYTES = 8 << 20  # larger ones are made on each call, as before
+
+    def __init__(self):
+        self.bufs: OrderedDict[tuple, list] = OrderedDict()
+
+    def get(self, a: np.ndarray, rows: int) -> np.ndarray:
+        """a's rows followed by zeros, to `rows` rows."""
+        m = a.shape[-2]
+        shape = a.shape[:-2] + (rows, a.shape[-1])
+        key = (shape, a.dtype.str)
+        got = self.bufs.get(key)
+        if got is None:
+            buf = np.zeros(shape, a.dtype)
+            if buf.nbytes > self.MAX_BYTES:
+                buf[..., :m, :] = a
+                return buf
+            got = self.bufs[key] = [buf, 0]  # [buffer, rows that may be nonzero]
+            if len(self.bufs) > self.KEEP:
+                self.bufs.popitem(last=False)
+        else:
+            self.bufs.move_to_end(key)
+        buf, dirty = got
+        buf[..., :m, :] = a
+        if dirty > m:
+            buf[..., m:dirty, :] = 0
+        got[1] = m
+        return buf
+
+
+_pads = _PadBuffers()
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, group: int | None = None) -> np.ndarray:
@@ -45,12 +86,22 @@ def rope_angles(positions: np.ndarray, rope: RopeSpec, freq_factors: np.ndarray 
     return positions[:, None].astype(np.float64) * rope.freq_scale * inv[None, :]
 
 
+def rope_table(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) of angles [T, n_rot/2] as rope_rotate takes them: float32 [T, 1, n_rot/2]. A step's
+    q and k rotate by one table."""
+    return np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :]
+
+
 def rope(x: np.ndarray, n_heads: int, head_dim: int, angles: np.ndarray, style: RopeStyle) -> np.ndarray:
+    return rope_rotate(x, n_heads, head_dim, rope_table(angles), style)
+
+
+def rope_rotate(x: np.ndarray, n_heads: int, head_dim: int, table: tuple[np.ndarray, np.ndarray],
+                style: RopeStyle) -> np.ndarray:
     t = x.shape[0]
     x = x.reshape(t, n_heads, head_dim).copy()
-    half = angles.shape[1]
-    cos = np.cos(angles).astype(np.float32)[:, None, :]
-    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    cos, sin = table
+    half = cos.shape[-1]
     if style is RopeStyle.NORM:
         a, b = x[..., 0 : 2 * half : 2].copy(), x[..., 1 : 2 * half : 2].copy()
         x[..., 0 : 2 * half : 2] = a * cos - b * sin

@@ -32,7 +32,7 @@ from infr.gpu import profile
 from infr.gpu.device import Device, get_device
 from infr.gpu.lowering import Lowering, find_stacks
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
-from infr.plan import Plan, check_shapes
+from infr.plan import Plan, bind
 from infr.sampling import host_sample
 
 MAX_BATCH = 512  # tokens per forward pass (llama.cpp's default ubatch); longer prompts run in chunks
@@ -85,7 +85,7 @@ class GPUBackend:
                 self.weights[name] = [storage(self.dev, np.asarray(t.raw, np.float32), label=name)]
             self.vram += t.nbytes
             self._report("upload", self.vram, weight_bytes)
-        check_shapes(plan, gf)
+        self.plan = plan = bind(plan, gf)  # shapes checked; each matmul's numerics (MatMul.q8) set
         self.widths = plan.widths
         self._own_state()
         self._report("graph", 1, 1)

@@ -69,26 +69,27 @@ class Lowering:
         self.q8 = (x, K, xq)
         return [d], xq
 
-    def _gemv_q8(self, t, x) -> tuple[list[Dispatch], object]:
-        """([], None) unless weight t runs the int8 GEMV on this graph's batches."""
-        if KG.use_gemm(self.rows, self.be.dev) or not KQ.takes_q8(t):
+    def _gemv_q8(self, t, x, q8: bool) -> tuple[list[Dispatch], object]:
+        """([], None) unless weight t (of a matmul marked q8, MatMul.q8) runs the int8 GEMV on this
+        graph's batches."""
+        if KG.use_gemm(self.rows, self.be.dev) or not _reads_q8(t, q8):
             return [], None
         return self.q8_input(x, int(t.shape[-1]))
 
-    def _mmq(self, t, x):
-        """(quantize dispatches, rounded x) when weight t runs the int8 GEMM
+    def _mmq(self, t, x, q8: bool):
+        """(quantize dispatches, rounded x) when weight t (of a matmul marked q8) runs the int8 GEMM
         (kernels_mmq) on this graph's batches, else None."""
-        if not KMQ.use_mmq(self.rows, self.be.dev, t):
+        if not KMQ.use_mmq(self.rows, self.be.dev, t, q8):
             return None
         return self.q8_input(x, int(t.shape[-1]))
 
-    def _matmul(self, t, chunks, x, y, bias, resid=None) -> list[Dispatch]:
+    def _matmul(self, t, chunks, x, y, bias, q8: bool, resid=None) -> list[Dispatch]:
         """y = W·x (+ bias) (+ resid) by the kernel this batch takes for weight t."""
-        if (mq := self._mmq(t, x)) is not None:  # batches: int8 tiled GEMM
+        if (mq := self._mmq(t, x, q8)) is not None:  # batches: int8 tiled GEMM
             return mq[0] + KMQ.mmq_dispatches(self.k, t, chunks, mq[1], y, bias, self.rows, resid=resid)
         if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
             return KG.gemm_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid)
-        pre, xq = self._gemv_q8(t, x)
+        pre, xq = self._gemv_q8(t, x, q8)
         return pre + KM.matmul_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid, xq=xq)
 
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
@@ -97,7 +98,7 @@ class Lowering:
         resid = self.current(add.dst)
         y = self.target(add.dst, add.dst)  # the other half of the pair: y never aliases resid
         bias = be.weights[mm.bias][0] if mm.bias else None
-        return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, resid=resid)
+        return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, mm.q8, resid=resid)
 
     def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
         be = self.be
@@ -105,18 +106,18 @@ class Lowering:
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
         mixed = KM.is_mixed(tensors)
-        if mixed and any(KMQ.use_mmq(self.rows, be.dev, t) for t in tensors):
+        if mixed and any(KMQ.use_mmq(self.rows, be.dev, t, m.q8) for m, t in zip(mms, tensors)):
             # A batch over a mixed stack (Q4_K q, k and Q6_K v): each matrix its own kernel, on a view of its rows.
             parts = KM.stack_parts(tensors, be.weights[names])
             return [d for m, t, part, y in zip(mms, tensors, parts, ys)
-                    for d in self._matmul(t, part, x, y, be.weights[m.bias][0] if m.bias else None)]
-        if not mixed and (mq := self._mmq(tensors[0], x)) is not None:
+                    for d in self._matmul(t, part, x, y, be.weights[m.bias][0] if m.bias else None, m.q8)]
+        if not mixed and (mq := self._mmq(tensors[0], x, mms[0].q8)) is not None:
             return mq[0] + KMQ.stacked_dispatches(self.k, tensors, be.weights[names], mq[1], ys,
                                                   be.stack_bias.get(names), self.rows)
         if KG.use_gemm(self.rows, self.be.dev):
             return KG.stacked_gemm_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                               self.rows)
-        pre, xq = self._gemv_q8(tensors[0], x)
+        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8)
         return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                            self.rows, xq=xq)
 
@@ -125,17 +126,17 @@ class Lowering:
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
-        if KMQ.use_mmq(self.rows, be.dev, tg) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+        if KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
             y = self.target(act.dst, mg.src)
             pre, xq = self.q8_input(x, int(tg.shape[-1]))
             return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
         # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch
         # (as do a pair of two types where the int8 GEMM takes either).
-        mmq_either = KMQ.use_mmq(self.rows, be.dev, tg) or KMQ.use_mmq(self.rows, be.dev, tu)
+        mmq_either = KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) or KMQ.use_mmq(self.rows, be.dev, tu, mu.q8)
         if KG.use_gemm(self.rows, self.be.dev) or not KM.can_pair(tg, tu, chunks_g, chunks_u) or mmq_either:
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
         y = self.target(act.dst, mg.src)
-        pre, xq = self._gemv_q8(tg, x)
+        pre, xq = self._gemv_q8(tg, x, mg.q8)
         return pre + KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq)
 
     def rope_store(self, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch]:
@@ -153,7 +154,7 @@ class Lowering:
         nxt = self.ahead
         return (
             width % 256 == 0 and (not KG.use_gemm(self.rows, self.be.dev) or KMQ.use_mmq(self.rows, self.be.dev))
-            and isinstance(nxt, MatMul) and nxt.src == name and KQ.takes_q8(self.be.gf.tensor(nxt.weight))
+            and isinstance(nxt, MatMul) and nxt.src == name and _reads_q8(self.be.gf.tensor(nxt.weight), nxt.q8)
         )
 
     def op(self, op) -> list[Dispatch]:
@@ -164,7 +165,7 @@ class Lowering:
             bias = be.weights[op.bias][0] if op.bias else None
             t = be.gf.tensor(op.weight)
             y = self.target(op.dst, op.src)
-            return self._matmul(t, be.weights[op.weight], x, y, bias)
+            return self._matmul(t, be.weights[op.weight], x, y, bias, op.q8)
         if isinstance(op, RMSNorm):
             x = self.current(op.src)
             y = self.target(op.dst, op.src)
@@ -217,6 +218,12 @@ class Lowering:
         if isinstance(op, Softcap):
             return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
         raise NotImplementedError(type(op).__name__)
+
+
+def _reads_q8(t, q8: bool) -> bool:
+    """Whether a matmul marked q8 (MatMul.q8) over weight t reads the q8 scratch: K whole 64-value
+    groups of its layout (kernels_q8.words; other K round inside the f32 GEMM, as KQ.takes_q8)."""
+    return bool(q8) and int(t.shape[-1]) % 64 == 0
 
 
 def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
