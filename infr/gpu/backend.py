@@ -122,19 +122,6 @@ class GPUBackend:
         if self._has_spans(1):  # and its form for steps past split_from keys
             self._graph(1, 1, True)
 
-    def fork(self) -> "GPUBackend":
-        """Another sequence over the same uploaded weights: its own KV cache,
-        activations and graphs (a serve slot). `vram` of the fork counts only
-        what it adds. Calls on forks must not overlap (one queue; the serve
-        slots take a lock around each forward pass)."""
-        twin = object.__new__(GPUBackend)
-        for name in ("gf", "plan", "n_ctx", "dev", "kern", "weights", "stacks", "stack_bias", "widths", "block_size",
-                     "max_seqs", "kv_blocks"):
-            setattr(twin, name, getattr(self, name))
-        twin.vram, twin._progress = 0, None
-        twin._own_state()
-        return twin
-
     def _activation(self, name: str, i: int):
         rows = MAX_LOGIT_ROWS if name == "logits" else MAX_BATCH
         self.vram += rows * self.widths[name] * 4
