@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from infr.batch import Batch, StepResult
+from infr.batch import Batch, OutputRow, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.numerics import check_supported, has_penalties
@@ -33,7 +33,7 @@ from infr.gpu.device import Device, get_device
 from infr.gpu.lowering import Lowering, find_stacks
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.plan import Plan, bind
-from infr.sampling import host_sample
+from infr.sampling import SamplingParams, host_sample
 
 MAX_BATCH = 512  # tokens per forward pass (llama.cpp's default ubatch); longer prompts run in chunks
 MAX_LOGIT_ROWS = 64  # output rows of one step: every running sequence's (MAX_SEQS)
@@ -351,17 +351,27 @@ class GPUBackend:
         q = self.dev.device.queue
         q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
         start = int(batch.positions.max())
+        timer = profile.timer_for(self.dev)
+        if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
+            longest = max(len(self._multi_step(T, far)) for far in (False, True))
+            per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
+            if longest + 1 > profile.CAPACITY:
+                timer = None
         done = 0
         while done < k:
             n = min(per_submit, k - done)
-            enc = self.dev.device.create_command_encoder()
-            cpass = enc.begin_compute_pass()
-            for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
-                self._multi_step(T, far).encode(cpass, times=times)
-            cpass.end()
-            q.submit([enc.finish()])
+            with profile.HostClock(timer, "encode"):
+                enc = self.dev.device.create_command_encoder()
+                cpass = enc.begin_compute_pass()
+                for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
+                    self._multi_step(T, far).encode(cpass, times=times, timer=timer)
+                cpass.end()
+                cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens
+            with profile.HostClock(timer, "submit"):
+                q.submit([cmd])
             done += n
-        log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
+        with profile.HostClock(timer, "wait"):
+            log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
         return log.reshape(k, L).tolist()
 
     def _multi_step(self, T: int, far: bool) -> Recording:
@@ -391,42 +401,18 @@ class GPUBackend:
         return cache[key][1]
 
     def decode_greedy(self, token: int, start: int, n: int, per_submit: int = TOKENS_PER_SUBMIT) -> list[int]:
-        """n greedy steps that never leave the GPU: argmax writes the next token
-        where the embedding reads it and a step kernel advances the position.
-        The host only encodes (token t+1 while the GPU runs token t) and reads
-        the token log once at the end."""
+        """n greedy steps of one sequence, from `token` at position `start`: one row of
+        decode_steps (the engine's multi-step decode) in slot 0 over the identity block table
+        forward() fills. Tests and profiles of a single stream take this entry."""
         if start + n > self.n_ctx:
             raise InfrError(f"context full: {start + n} tokens do not fit in a context of {self.n_ctx}")
         if n > TOKEN_LOG:
             raise InfrError(f"at most {TOKEN_LOG} greedy tokens per call")
-        q = self.dev.device.queue
-        self._identity_table()
-        q.write_buffer(self.ids, 0, np.array([token], np.uint32))
-        q.write_buffer(self.state, 0, KS.pack_state(start, 1))
-        q.write_buffer(self.rows, 0, KS.pack_rows([start], 0))
-        steps = {far: self._decode_step(far) for far in (False, True)}
-        timer = profile.timer_for(self.dev)
-        if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
-            longest = max(len(st) for st in steps.values())
-            per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
-            if longest + 1 > profile.CAPACITY:
-                timer = None
-        done = 0
-        while done < n:
-            k = min(per_submit, n - done)
-            with profile.HostClock(timer, "encode"):
-                enc = self.dev.device.create_command_encoder()
-                cpass = enc.begin_compute_pass()
-                for far, times in self.spans(start + done, k):  # step i runs token start + i
-                    steps[far].encode(cpass, times=times, timer=timer)
-                cpass.end()
-                cmd = profile.finish_encoder(enc, timer, k)
-            with profile.HostClock(timer, "submit"):
-                q.submit([cmd])
-            done += k
-        with profile.HostClock(timer, "wait"):
-            out = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * n), np.uint32).tolist()
-        return out
+        if n <= 0:
+            return []
+        batch = Batch.build([(0, [int(token)], start, list(range(self.blocks_per_seq)), start)],
+                            [OutputRow(0, SamplingParams(temperature=0.0))])
+        return [row[0] for row in self.decode_steps(batch, n, per_submit=per_submit)]
 
     def _decode_step(self, far: bool = False) -> Recording:
         far = far and self._has_spans(1)
