@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +24,6 @@ from infr.serve.metrics import Metrics
 from infr.serve.tools import FORCED_PREFIX, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
 
 log = logging.getLogger("infr.serve")
-SWITCH_INTERVAL = 0.0002  # seconds; see Service.load
 
 
 @dataclass
@@ -110,10 +108,6 @@ class Service:
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size,
                  pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, cfg.batch_tokens)
         self._stop.clear()
-        # The engine thread makes hundreds of short C calls per step (each releases the GIL); while
-        # the event loop holds it, every call waits out the switch interval (5 ms by default) and
-        # the GPU idles. A short interval hands the GIL back within a fraction of a decode step.
-        sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
         self._thread.start()
 
