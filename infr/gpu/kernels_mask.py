@@ -54,7 +54,7 @@ class StepMasks:
         self.params = storage(kernels.dev, np.frombuffer(pack_params(n_vocab, self.words), np.uint8),
                               label="step_mask.params", uniform=True)
         self.pipeline = kernels.pipeline("step_mask", "main")
-        self._binds: dict[int, tuple] = {}  # id(logits buffer) -> (buffer, bind group): the buffer kept, so ids stay unique
+        self._binds: dict[int, tuple] = {}  # id(logits buffer) -> (it, bind group): kept, so ids stay unique
         self._dispatches: dict[tuple[int, int], Dispatch] = {}
         self.uploads = 0  # steps whose masks were written (one write_buffer each)
 

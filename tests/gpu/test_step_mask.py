@@ -107,6 +107,7 @@ def test_masked_greedy_rows_match_host_masking(backends, shape):
     # The CPU reference masks on the host: the same tokens where its logits leave a clear winner.
     cpu_ref = cpu.step(shape(lambda rows: _rows(rows, want_logits=True)))
     cpu_got = cpu.step(shape(lambda rows: _rows(rows, masks))).tokens
+    compared = 0
     for i, m in enumerate(masks[:-1]):
         x = cpu_ref.logits[i] if m is None else np.where(unpack_mask(m, VOCAB), cpu_ref.logits[i], -np.inf)
         top2 = np.sort(x)[-2:]
@@ -114,15 +115,20 @@ def test_masked_greedy_rows_match_host_masking(backends, shape):
             assert cpu_got[i] == got[i] == 0
         elif top2[1] - top2[0] > 1e-3:
             assert cpu_got[i] == got[i], i
+            compared += 1
+    assert compared >= 4  # most rows: the margin only skips near-ties
 
 
 def test_no_masked_greedy_row_no_mask_dispatch(backends, monkeypatch):
     gpu, _ = backends
     labels: list[list[str]] = []
     real = gpu_backend._encode
-    monkeypatch.setattr(gpu_backend, "_encode",
-                        lambda enc, rec, timer=None: labels.append([d.label for d in rec.dispatches]) or real(enc, rec,
-                                                                                                           timer))
+
+    def encode(enc, rec, timer=None):
+        labels.append([d.label for d in rec.dispatches])
+        real(enc, rec, timer)
+
+    monkeypatch.setattr(gpu_backend, "_encode", encode)
     gpu.step(_prefill(_rows))
     masks = _masks(np.zeros((len(PROMPTS), VOCAB), np.float32), np.random.default_rng(1))
 
