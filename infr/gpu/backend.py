@@ -26,6 +26,7 @@ from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.numerics import check_supported, has_penalties
 from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import profile
@@ -252,8 +253,8 @@ class GPUBackend:
     def step(self, batch: Batch) -> StepResult:
         """Every row of the batch in one pass (graphs per power-of-two bucket of rows and of
         output rows); greedy output rows take their token from an argmax on the GPU and only
-        the ids come back. Rows that sample, carry a grammar mask or ask for logits read their
-        logits back and are sampled on the host."""
+        the ids come back, a grammar's mask applied there first (kernels_mask). Rows that
+        sample or ask for logits read their logits back and are sampled on the host."""
         outs = batch.outputs
         n, L = batch.rows, len(outs)
         if not 1 <= n <= MAX_BATCH:
@@ -274,7 +275,7 @@ class GPUBackend:
         far = self._far(int(batch.positions.max()), 1, T, decode)
         body, head, x_buf = self._graph(T, Lb, far, decode)
         timer = profile.timer_for(self.dev)
-        if timer is not None and len(body) + len(head) + 4 > timer.room:
+        if timer is not None and len(body) + len(head) + 5 > timer.room:
             timer = None  # too many dispatches for one query set: this step goes untimed
         enc = self.dev.device.create_command_encoder()
         with profile.HostClock(timer, "encode"):
@@ -293,14 +294,21 @@ class GPUBackend:
                 enc.copy_buffer_to_buffer(x_buf, out_rows[i] * width, self.tail, i * width, (j - i + 1) * width)
                 i = j + 1
         logits_buf = self._logits_buffer(T, Lb, far, decode)
+        # Greedy rows under a grammar: their masks uploaded in one write, applied before the argmax.
+        # Sampled ones (temperature > 0) keep the host path: batched GPU sampling is separate work.
+        masked = [i for i, o in enumerate(outs) if o.mask is not None and not o.want_logits and _gpu_greedy(o)]
+        masked = self._masks().load(outs, masked) if masked else []
+        tail = ([self._masks().dispatch(logits_buf, len(masked))] if masked else []) + self._argmax_rows(logits_buf, Lb)
         with profile.HostClock(timer, "encode"):
-            _encode(enc, Recording(head.dispatches + self._argmax_rows(logits_buf, Lb)), timer)
+            _encode(enc, Recording(head.dispatches + tail), timer)
             cmd = profile.finish_encoder(enc, timer, T)
         with profile.HostClock(timer, "submit"):
             q.submit([cmd])
         with profile.HostClock(timer, "wait"):
             tokens = np.frombuffer(q.read_buffer(self.step_tokens, 0, 4 * L), np.uint32).tolist()
-        host = [i for i, o in enumerate(outs) if o.want_logits or o.mask is not None or not _gpu_greedy(o)]
+        on_gpu = set(masked)
+        host = [i for i, o in enumerate(outs)
+                if o.want_logits or (o.mask is not None and i not in on_gpu) or not _gpu_greedy(o)]
         res = StepResult(tokens)
         if host:
             vocab = self.plan.spec.n_vocab
@@ -311,6 +319,12 @@ class GPUBackend:
                 if outs[i].want_logits:
                     res.logits[i] = logits[i].copy()
         return res
+
+    def _masks(self) -> KMask.StepMasks:
+        """The grammar masks' buffer and dispatches, made at the first step with a masked row."""
+        if not hasattr(self, "_step_masks"):
+            self._step_masks = KMask.StepMasks(self.kern, self.plan.spec.n_vocab)
+        return self._step_masks
 
     def _load_rows(self, batch: Batch, T: int) -> None:
         """The batch's block tables, token ids and rows (T of them, those past the batch padding) to the GPU."""
