@@ -14,6 +14,7 @@ from infr.batch import Batch, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.plan import Plan
+from infr.sampling import SamplingParams
 
 BACKENDS = ("auto", "cpu", "gpu")
 
@@ -66,7 +67,13 @@ class Backend(Protocol):
         ...
 
     def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
-        """k greedy steps of a batch of decode rows, tokens kept on the device (multi_step > 1)."""
+        """k steps of a batch of decode rows (greedy, or drawn by the device's sampler), tokens
+        kept on the device (multi_step > 1)."""
+        ...
+
+    def samples(self, params: SamplingParams) -> bool:
+        """Whether step() and decode_steps draw a sampled row with these settings themselves (an
+        output row without a host sampler, seeded by its params); else the caller gives a sampler."""
         ...
 
     def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:

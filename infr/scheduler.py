@@ -14,11 +14,12 @@ is unchanged. A cancelled request frees its blocks at the next step.
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -132,7 +133,13 @@ class Scheduler:
         req.tokens = list(req.prompt)
         req.t_submit = time.perf_counter()
         if req.sampler is None and not (req.params.greedy and not has_penalties(req.params)):
-            req.sampler = Sampler(req.params, self.n_vocab)
+            if not req.params.greedy and not req.want_logits and self.backend.samples(req.params):
+                # The backend draws on the device from a hash of (seed, position): a seed of the
+                # request's own, so a preempted and recomputed request draws the same tokens.
+                if req.params.seed is None:
+                    req.params = replace(req.params, seed=secrets.randbits(63))
+            else:
+                req.sampler = Sampler(req.params, self.n_vocab)
         with self._lock:
             self._inbox.append(req)
             self._lock.notify_all()
@@ -206,8 +213,8 @@ class Scheduler:
         return True
 
     def _multi_step(self) -> bool:
-        """Several greedy decode steps in one backend call (tokens stay on the device) when every
-        running request is decoding greedily with nothing to check per token on the device side
+        """Several decode steps in one backend call (tokens stay on the device) when every running
+        request is decoding, greedy or drawn by the device's sampler, with nothing to check per token
         and nobody waits: up to backend.multi_step steps, as many as the closest finish allows.
         A request that ends part-way (end-of-generation, a stop string) drops the rest of its
         tokens; the KV they wrote is past its end and goes with its blocks."""
@@ -217,7 +224,7 @@ class Scheduler:
             return False
         for r in run:
             if (len(r.tokens) - r.computed != 1 or r.hold or r.mask is not None or r.want_logits
-                    or not r.params.greedy or has_penalties(r.params) or r.cancelled):
+                    or r.sampler is not None or has_penalties(r.params) or r.cancelled):
                 return False
             k = min(k, r.max_new - len(r.output), self.n_ctx - len(r.tokens))
         if k < 2:

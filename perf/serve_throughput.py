@@ -6,7 +6,7 @@
 
 Starts a real server process per engine, warms it, then for each N sends N streaming
 /v1/completions at once (distinct random-word prompts: ~24 tokens with a real tokenizer, ~139 with a synth model's, `max_tokens` --tokens,
-greedy, `ignore_eos`, `cache_prompt: false`) and times from the first request to the last stream's
+greedy unless --temp, `ignore_eos`, `cache_prompt: false`) and times from the first request to the last stream's
 end: aggregate = generated tokens / that time; one stream's rate is also reported from its own
 first to last token by the server's own `timings` (chunk times where it sends none). For infr, the round's engine counters from /metrics (steps, rows, seconds in
 backend steps and that time's fraction of the round) show whether the engine or the server side
@@ -48,12 +48,15 @@ def _prompt(i: int) -> str:
     return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(20)) + f" {i}:"
 
 
+SAMPLING: dict = {"temperature": 0}  # --temp: the sampling fields of every request
+
+
 async def _one(client: httpx.AsyncClient, i: int, tokens: int) -> tuple[int, int, float]:
     """(generated tokens, prompt tokens, this stream's decode rate). The rate is the server's own
     `timings` (llama-server's, which infr serve also sends): tokens after the first over the time
     from the first to the last, as python -m infr.bench's tg. A server that sends several tokens
     per chunk makes client-side chunk times useless for it."""
-    body = {"model": "m", "prompt": _prompt(i), "max_tokens": tokens, "temperature": 0, "stream": True,
+    body = {"model": "m", "prompt": _prompt(i), "max_tokens": tokens, **SAMPLING, "stream": True,
             "ignore_eos": True, "cache_prompt": False, "stream_options": {"include_usage": True}}
     n, prompt, rate, first, last = 0, 0, 0.0, None, None
     async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -153,8 +156,12 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
     ap.add_argument("--llama", action="store_true", help="also llama-server -np PARALLEL on the same file")
     ap.add_argument("--bench", action="store_true", help="also python -m infr.bench -p 0 -n TOKENS")
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampled streams: this temperature with top_k 40, top_p 0.95, min_p 0.05 (llama.cpp's defaults)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.temp > 0:
+        SAMPLING.update(temperature=args.temp, top_k=40, top_p=0.95, min_p=0.05)
     from infr import bench
 
     path = bench.model_path(args.model)
@@ -162,7 +169,8 @@ def main() -> int:
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     result = {"command": " ".join(["python", "perf/serve_throughput.py"] + sys.argv[1:]), "model": str(path),
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": platform.node(),
-              "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "tokens": args.tokens, "parallel": args.parallel}
+              "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "tokens": args.tokens, "parallel": args.parallel,
+              "sampling": dict(SAMPLING)}
     port = _port()
     cmd = [sys.executable, "-m", "infr", "serve", str(path), "--port", str(port), "--backend", args.backend,
            "--parallel", str(args.parallel), "--ctx", str(args.ctx), "--kv-size", str(args.ctx * args.parallel),

@@ -21,9 +21,9 @@
 //   (argmax.wgsl `partial`, slice = 4096, writes each slice's (max, index) at scratch[PMAX])
 //   radix    (parts,1,1)    one radix round of job step.job (0 top_k, 1 top_p)
 //   draw     (parts,rows,1) per-slice Gumbel winner of each row
-//   merge    (rows,1,1)     out[row] = the winner
-//   advance  (1,1,1)        seq[pos + 1] = out[0]; state[0] = pos + 1
-// Row r draws for position state[0] + 1 + r (the decode loop uses one row).
+//   merge    (rows,1,1)     out[out_off + row] = the winner
+// Row r draws for position state[pos_at] + 1 + r; the logits are x[x_off ..], so a step's
+// output rows each sample their own row of one logits buffer (kernels_sample.StepSampling).
 // With top_k on (k <= CAND_MAX) sample_topk.wgsl runs the chain instead, in 6 dispatches.
 
 
@@ -171,7 +171,7 @@ fn finalize(job: u32) -> vec4<u32> {
 @compute @workgroup_size(WG)
 fn penalize(@builtin(local_invocation_index) tid: u32) {
     touch();
-    let len = state[0] + 1u;  // tokens in the context: positions 0 ..= state[0]
+    let len = pos() + 1u;  // tokens in the context: positions 0 ..= pos()
     var lo = 0u;
     if (params.pen_n != NONE && len > params.pen_n) {
         lo = len - params.pen_n;
@@ -192,11 +192,11 @@ fn penalize(@builtin(local_invocation_index) tid: u32) {
         for (var j = i + 1u; j < len; j++) {
             cnt += select(0u, 1u, seq[j] == t);
         }
-        var v = x[t];
+        var v = xv(t);
         if (params.rep != 1.0) {
             v = select(v * params.rep_inv, v * params.rep, v <= 0.0);
         }
-        x[t] = v - (f32(cnt) * params.freq + params.pres);
+        x[params.x_off + t] = v - (f32(cnt) * params.freq + params.pres);
     }
 }
 
@@ -230,7 +230,7 @@ fn radix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let lo = wid.x * params.slice;
     let hi = min(params.n, lo + params.slice);
     for (var i = lo + tid; i < hi; i += WG) {
-        let v = x[i];
+        let v = xv(i);
         let k = key_of(v);
         if (r > 0u && (k >> (shift + 4u)) != (st.pre >> (shift + 4u))) {
             continue;
@@ -316,11 +316,11 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let floor_v = m + params.min_p_log;
     let row = wid.y;
-    let rkey = row_key(state[0] + 1u + row);
+    let rkey = row_key(pos() + 1u + row);
     var bv = 0.0;
     var bi = NONE;
     for (var i = a; i < e; i++) {
-        let v = x[i];
+        let v = xv(i);
         let k = key_of(v);
         var keep = cut.w != 0u || k > cut.x || (k == cut.x && rank < cut.y);
         if (k == cut.x) {
@@ -352,14 +352,6 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     touch();
     best_of_parts(dpart_at(wid.x, 0u), tid);
     if (tid == 0u) {
-        out[wid.x] = best_i[0];
+        out[params.out_off + wid.x] = best_i[0];
     }
-}
-
-@compute @workgroup_size(1)
-fn advance() {
-    touch();
-    let p = state[0] + 1u;
-    seq[p] = out[0];
-    state[0] = p;
 }

@@ -22,6 +22,9 @@ struct Params {
     rep_inv: f32,
     freq: f32,
     pres: f32,
+    x_off: u32,   // the row's first value in x (a step's output row i: i * n)
+    out_off: u32, // out[out_off + r] takes draw row r's token
+    pos_at: u32,  // state[pos_at]: the row's position (the last context token's)
 }
 
 struct Step {
@@ -56,6 +59,15 @@ const CAND_MAX: u32 = 1024u;  // top_k up to this many takes sample_topk.wgsl (k
 @group(0) @binding(7) var<storage, read_write> counter: array<atomic<u32>>;  // [0]: candidates collected
 
 // #include best_common
+
+fn xv(i: u32) -> f32 {
+    return x[params.x_off + i];
+}
+
+// The position of the row's last context token: draw row r samples for position pos() + 1 + r.
+fn pos() -> u32 {
+    return state[params.pos_at];
+}
 
 // Every entry point uses every binding, so one bind group layout serves all.
 fn touch() {
@@ -143,7 +155,7 @@ fn tie_run(lo: u32, hi: u32, tid: u32, wg: u32, cut: u32) -> vec3<u32> {
     let e = min(hi, a + chunk);
     var here = 0u;
     for (var i = a; i < e; i++) {
-        here += select(0u, 1u, key_of(x[i]) == cut);
+        here += select(0u, 1u, key_of(xv(i)) == cut);
     }
     return vec3<u32>(a, e, here);
 }

@@ -101,7 +101,7 @@ fn radix8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let lo = wid.x * params.slice;
     let hi = min(params.n, lo + params.slice);
     for (var i = lo + tid; i < hi; i += WG) {
-        let k = key_of(x[i]);
+        let k = key_of(xv(i));
         if (r > 0u && (k >> (shift + 8u)) != (st.pre >> (shift + 8u))) {
             continue;
         }
@@ -128,7 +128,7 @@ fn collect(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         rank += scratch[h8_at(1u, s, cut.x & 255u)];
     }
     for (var i = a; i < e; i++) {
-        let k = key_of(x[i]);
+        let k = key_of(xv(i));
         var keep = k > cut.x;
         if (k == cut.x) {
             keep = rank < cut.y;
@@ -137,7 +137,7 @@ fn collect(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         if (keep) {
             let slot = atomicAdd(&counter[0], 1u);
             if (slot < CAND_MAX) {
-                scratch[cand_at(slot)] = bitcast<u32>(x[i]);
+                scratch[cand_at(slot)] = bitcast<u32>(xv(i));
                 scratch[cand_at(slot) + 1u] = i;
             }
         }
@@ -233,7 +233,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         len = min(n, atomicLoad(&sh_len) + 1u);
     }
     let floor_v = m + params.min_p_log;
-    let rkey = row_key(state[0] + 1u + wid.x);
+    let rkey = row_key(pos() + 1u + wid.x);
     var bv = 0.0;
     var bi = NONE;
     for (var i = a; i < min(e, len); i++) {
@@ -252,6 +252,6 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     best_i[tid] = bi;
     reduce_best(tid);
     if (tid == 0u) {
-        out[wid.x] = best_i[0];
+        out[params.out_off + wid.x] = best_i[0];
     }
 }

@@ -1,4 +1,4 @@
-// Grammar masks of a step's constrained greedy output rows (infr/gpu/kernels_mask.py): the
+// Grammar masks of a step's constrained output rows the GPU draws (infr/gpu/kernels_mask.py): the
 // logits of the tokens a row's bitmask does not allow become -inf, before the step's argmax,
 // as infr.sampling.host_sample masks them on the host. `masks` holds, for masked row j, its
 // row of the logits buffer at [j], and its mask at head + j * words: bit i % 32 of word i / 32

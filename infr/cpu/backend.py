@@ -63,7 +63,8 @@ class CPUBackend:
 
     def forward(self, tokens: list[int] | np.ndarray, start: int, n_logits: int = 1) -> np.ndarray:
         """Run tokens at positions start.. of one sequence; logits [n_logits, vocab] of the last rows.
-        Uses blocks 0.. as that sequence's cache: not for a backend an engine schedules on."""
+        Uses blocks 0.. as that sequence's cache: not for a backend an engine schedules on. One token
+        past position 0 is a decode step: its row goes alone, as the engine's generated rows do."""
         ids = np.asarray(tokens, dtype=np.int64)
         if start + len(ids) > self.n_ctx:
             raise ContextFullError(
@@ -72,7 +73,8 @@ class CPUBackend:
         self._check_ids(ids)
         pos = np.arange(start, start + len(ids))
         table = {0: list(range(self.blocks_per_seq))}
-        x = self._body(ids, pos, np.zeros(len(ids), np.int32), table)
+        decode = np.full(len(ids), len(ids) == 1 and start > 0)
+        x = self._body(ids, pos, np.zeros(len(ids), np.int32), table, decode)
         return self._head(x[-n_logits:] if n_logits > 0 else x)
 
     # --- the engine's step
@@ -89,10 +91,14 @@ class CPUBackend:
         if not outs:
             return StepResult([])
         rows = [o.row for o in outs]
-        logits = self._head(x[rows], gen[rows] if gen is not None else None)
+        logits = self._head(x[rows])
         res = StepResult([host_sample(o, logits[i]) for i, o in enumerate(outs)])
         res.logits = {i: logits[i] for i, o in enumerate(outs) if o.want_logits}
         return res
+
+    def samples(self, params) -> bool:
+        """The reference draws every sampled row with the request's host sampler (infr/sampling.py)."""
+        return False
 
     def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
         """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next."""
@@ -131,9 +137,9 @@ class CPUBackend:
             run(env, ids, ctx)
         return env["x"]
 
-    def _head(self, x: np.ndarray, generated: np.ndarray | None = None) -> np.ndarray:
+    def _head(self, x: np.ndarray) -> np.ndarray:
         env = {"x": x}
-        ctx = _Rows.only(generated)
+        ctx = _Rows.only(len(x))
         for run in self._head_ops:
             run(env, None, ctx)
         return env["logits"]
@@ -203,75 +209,111 @@ class CPUBackend:
         return got[1]
 
     def _attention(self, op: Attention, q: np.ndarray, ctx: "_Rows") -> np.ndarray:
-        """Each sequence's rows over that sequence's keys, gathered from its blocks: its prompt rows
-        in one padded product, its generated rows one at a time (as they ran when decoded), so a
-        row's output is the same however the sequence's rows were chunked or recomputed."""
+        """Each sequence's rows over that sequence's keys, gathered from its blocks. Its prompt rows go
+        by position block (_Rows.blocks): block b's rows, at their offsets in BLOCK rows, over keys
+        0 .. (b + 1) * BLOCK (the causal mask hides the later ones), so every product has one shape
+        for a given position. Its generated rows go one at a time, over their own keys, as they ran
+        when decoded. So a row's output is the same however the sequence's rows were chunked, batched
+        or recomputed."""
         a = op.spec
         kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
         out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
-        for keys, rows, decoded in ctx.groups(self.block_size):
-            k, v = kc[keys], vc[keys]
-            if len(rows):
-                out[rows] = F.attention(q[rows], k, v, ctx.pos[rows], len(keys), a.n_heads, a.scale,
-                                        a.sliding_window, a.softcap, padded=True)
+        for table, rows, decoded in ctx.groups(self.block_size):
+            for b, sel, offs in ctx.blocks(rows):
+                n = (b + 1) * BLOCK
+                j = np.arange(n)
+                page = j // self.block_size
+                # keys past the table are masked: any store row (row 0) stands in for them
+                keys = np.where(page < len(table), table[np.minimum(page, len(table) - 1)] * self.block_size
+                                + j % self.block_size, 0)
+                qb = np.zeros((BLOCK, q.shape[1]), np.float32)
+                qb[offs] = q[sel]
+                pos = b * BLOCK + np.arange(BLOCK)
+                out[sel] = F.attention(qb, kc[keys], vc[keys], pos, n, a.n_heads, a.scale, a.sliding_window,
+                                       a.softcap)[offs]
             for r, n in decoded:  # over its own keys only, as when it was decoded
-                out[r : r + 1] = F.attention(q[r : r + 1], k[:n], v[:n], ctx.pos[r : r + 1], n, a.n_heads, a.scale,
-                                             a.sliding_window, a.softcap)
+                keys = table[np.arange(n) // self.block_size] * self.block_size + np.arange(n) % self.block_size
+                out[r : r + 1] = F.attention(q[r : r + 1], kc[keys], vc[keys], ctx.pos[r : r + 1], n, a.n_heads,
+                                             a.scale, a.sliding_window, a.softcap)
         return out
 
 
+BLOCK = 64  # positions of a prompt-row block: one product shape per position (_matmul, _attention)
+
+
 def _matmul(x: np.ndarray, wt: np.ndarray, rows: "_Rows") -> np.ndarray:
-    """x @ wt with every row's sums independent of the other rows. BLAS sums a lone row (gemv) and a
-    small product in other orders than a gemm, and a gemm's rows agree whatever their number. So
-    generated tokens' rows (decode) go through gemv one at a time, and prompt rows through one gemm
-    padded past the small-matrix size (F.padded_matmul). With 8-bit activations a one-ulp
-    difference can cross a rounding step, and a prompt's text then depended on how much of it the
-    prefix cache held. Padding every decode row instead made gemm pack the whole weight per row:
-    SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s; decode rows one by one match the
-    gemm up to ~10 rows (SmolLM2's shapes, OpenBLAS, one and two threads)."""
-    if not rows.one:
-        return F.padded_matmul(x, wt)
+    """x @ wt with every row's sums independent of the other rows. BLAS sums a row in an order that
+    depends on the product's shape and the row's place in it: a lone row (gemv) differs from a gemm,
+    and on AVX-512 OpenBLAS (SkylakeX kernels) a gemm's row differs with the row count and offset
+    too. With 8-bit activations one ulp can cross a rounding step, and a prompt's text then depended
+    on what it was batched with. So generated tokens' rows (decode) go through gemv one at a time,
+    and prompt rows by block of BLOCK positions of their sequence: each block one gemm of BLOCK rows,
+    a row at its position's offset (zeros elsewhere); a 512-row prompt costs about one gemm (SmolLM2
+    and Gemma-3 shapes, two threads). Padding every decode row instead made gemm pack the whole
+    weight per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s."""
     y = np.empty((x.shape[0], wt.shape[1]), np.float32)
     for i in rows.one:
         y[i] = x[i] @ wt
-    if len(rows.rest):
-        y[rows.rest] = F.padded_matmul(x[rows.rest], wt)
+    if rows.pos is not None:
+        buf = F.block_buffer(BLOCK, x.shape[1])
+        for _, sel, offs in rows.blocks(rows.rest):
+            buf[offs] = x[sel]
+            y[sel] = (buf @ wt)[offs]
+            buf[offs] = 0
     return y
 
 
 class _Rows:
     """Where a batch's rows live: positions, slots and store rows, which rows are generated, and per
-    sequence the store rows of its keys (computed once per step, used by every layer)."""
+    sequence its block table (computed once per step, used by every layer)."""
 
-    def __init__(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]], phys: np.ndarray,
+    def __init__(self, pos: np.ndarray | None, slots: np.ndarray, tables: dict[int, list[int]], phys: np.ndarray,
                  generated: np.ndarray | None = None):
         self.pos, self.slots, self.tables, self.phys = pos, slots, tables, phys
         self.generated = generated
+        n = len(slots)
+        gen = np.zeros(n, bool) if generated is None else np.asarray(generated, bool)
+        if pos is None:  # the head's rows: no positions, so every row alone
+            gen = np.ones(n, bool)
         # The rows each matmul takes one at a time (generated) and the rest, found once a step.
-        gen = generated is not None and bool(generated.any())
-        self.one: list[int] = np.flatnonzero(generated).tolist() if gen else []
-        self.rest = np.flatnonzero(~generated) if gen else None
+        self.one: list[int] = np.flatnonzero(gen).tolist()
+        self.rest = np.flatnonzero(~gen)
         self.ropes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a rope table per RopeSpec, this step's positions
         self._groups = None
+        self._blocks: dict[int, list] = {}
 
     @classmethod
-    def only(cls, generated: np.ndarray | None) -> "_Rows":
-        """Rows known only by which are generated (the head's output rows)."""
+    def only(cls, n: int) -> "_Rows":
+        """The head's n output rows, known by nothing else: each one alone (gemv)."""
         empty = np.zeros(0, np.int64)
-        return cls(empty, empty, {}, empty, generated)
+        return cls(None, np.zeros(n, np.int64), {}, empty)
+
+    def blocks(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """rows (prompt rows) by (sequence, position // BLOCK): (block index, the rows, their offsets)."""
+        key = id(rows)
+        got = self._blocks.get(key)
+        if got is None:
+            got = []
+            if len(rows):
+                p, s = self.pos[rows], self.slots[rows]
+                keys = s.astype(np.int64) * (1 << 32) + p // BLOCK
+                for k in np.unique(keys):
+                    m = keys == k
+                    got.append((int(k & 0xFFFFFFFF), rows[m], p[m] % BLOCK))
+            self._blocks[key] = (rows, got)  # rows kept: its id stays unique while cached
+            return got
+        return got[1]
 
     def groups(self, bs: int) -> list[tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]]:
-        """Per sequence: the store rows of its keys, its prompt rows, and its generated rows with the
-        number of keys each reads."""
+        """Per sequence: its block table, its prompt rows, and its generated rows with the number of
+        keys each reads."""
         if self._groups is None:
             self._groups = []
             gen = self.generated
             for s in np.unique(self.slots):
                 sel = np.flatnonzero(self.slots == s)
-                n_kv = int(self.pos[sel].max()) + 1
-                j = np.arange(n_kv)
                 table = np.asarray(self.tables[int(s)], np.int64)
                 one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
                 decoded = [(int(r), int(self.pos[r]) + 1) for r in sel[one]]
-                self._groups.append((table[j // bs] * bs + j % bs, sel[~one], decoded))
+                self._groups.append((table, sel[~one], decoded))
         return self._groups

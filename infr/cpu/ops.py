@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -12,60 +11,25 @@ from infr.models.spec import Activation, RopeSpec, RopeStyle
 
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
-# OpenBLAS (0.3.31, Haswell kernels) runs an sgemm of M·N·K up to about 1e6 through its small-matrix
-# kernels, whose sums differ from the regular gemm's (SmolLM2's k and v, 192 x 576, at up to 6 rows);
-# past that a row's sums do not depend on how many rows the gemm has.
-SMALL_GEMM = 1_000_000
-
-
-def padded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b (a [..., M, K], b [..., K, N]) with a's rows padded with zeros past the small-matrix
-    size (two at least), so each row's sums are those of any larger gemm: the same whether the row
-    came in a chunk of 5 or of 37 (with 8-bit activations one ulp can cross a rounding step)."""
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    rows = max(2, SMALL_GEMM // max(k * n, 1) + 1)
-    if rows <= m:
-        return np.matmul(a, b)
-    return np.matmul(_pads.get(a, rows), b)[..., :m, :]
-
-
-class _PadBuffers(threading.local):
-    """The zero-padded inputs of padded_matmul, kept per shape: a step's layers multiply the same
-    shapes (every layer's k and v; attention over one context length), so the buffer is reused and
-    only a's rows and the rows the last call wrote past them are written (instead of a new zeroed
-    array and a concatenated copy on every call). Per thread, a few shapes, small buffers only."""
-
-    KEEP = 8  # shapes
-    MAX_BYTES = 8 << 20  # larger ones are made on each call, as before
+class _BlockBuffers(threading.local):
+    """Zeroed [rows, k] inputs of the CPU backend's block products, one per shape and thread: a
+    step's matmuls write a block's rows in, multiply, and zero them again."""
 
     def __init__(self):
-        self.bufs: OrderedDict[tuple, list] = OrderedDict()
+        self.bufs: dict[tuple[int, int], np.ndarray] = {}
 
-    def get(self, a: np.ndarray, rows: int) -> np.ndarray:
-        """a's rows followed by zeros, to `rows` rows."""
-        m = a.shape[-2]
-        shape = a.shape[:-2] + (rows, a.shape[-1])
-        key = (shape, a.dtype.str)
-        got = self.bufs.get(key)
-        if got is None:
-            buf = np.zeros(shape, a.dtype)
-            if buf.nbytes > self.MAX_BYTES:
-                buf[..., :m, :] = a
-                return buf
-            got = self.bufs[key] = [buf, 0]  # [buffer, rows that may be nonzero]
-            if len(self.bufs) > self.KEEP:
-                self.bufs.popitem(last=False)
-        else:
-            self.bufs.move_to_end(key)
-        buf, dirty = got
-        buf[..., :m, :] = a
-        if dirty > m:
-            buf[..., m:dirty, :] = 0
-        got[1] = m
+    def get(self, rows: int, k: int) -> np.ndarray:
+        buf = self.bufs.get((rows, k))
+        if buf is None:
+            buf = self.bufs[(rows, k)] = np.zeros((rows, k), np.float32)
         return buf
 
 
-_pads = _PadBuffers()
+_blocks = _BlockBuffers()
+
+
+def block_buffer(rows: int, k: int) -> np.ndarray:
+    return _blocks.get(rows, k)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, group: int | None = None) -> np.ndarray:
@@ -136,11 +100,9 @@ def attention(
     scale: float,
     window: int | None,
     softcap: float | None,
-    padded: bool = False,
 ) -> np.ndarray:
-    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them). padded: the
-    products through padded_matmul (a row's result the same in a chunk of any length)."""
-    mm = padded_matmul if padded else np.matmul
+    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them)."""
+    mm = np.matmul
     t = q.shape[0]
     n_kv_heads, d = k_cache.shape[1], k_cache.shape[2]
     dv = v_cache.shape[2]

@@ -29,6 +29,7 @@ from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
 from infr.gpu.lowering import Lowering, find_stacks
@@ -252,9 +253,10 @@ class GPUBackend:
 
     def step(self, batch: Batch) -> StepResult:
         """Every row of the batch in one pass (graphs per power-of-two bucket of rows and of
-        output rows); greedy output rows take their token from an argmax on the GPU and only
-        the ids come back, a grammar's mask applied there first (kernels_mask). Rows that
-        sample or ask for logits read their logits back and are sampled on the host."""
+        output rows). Greedy output rows take their token from an argmax on the GPU, sampled rows
+        without a host sampler from the GPU's sampler (kernels_sample.StepSampling), a grammar's
+        mask applied there first (kernels_mask); only the ids come back. Rows that ask for logits
+        or carry a host sampler read their logits back and are sampled on the host."""
         outs = batch.outputs
         n, L = batch.rows, len(outs)
         if not 1 <= n <= MAX_BATCH:
@@ -265,6 +267,10 @@ class GPUBackend:
             raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
         if int(batch.positions.max()) >= self.blocks_per_seq * self.block_size:
             raise InfrError(f"context full: position {int(batch.positions.max())} is past {self.n_ctx}")
+        sampled = [i for i, o in enumerate(outs) if self._gpu_samples(o)]
+        for i in sampled:
+            if not self.samples(outs[i].params):
+                raise InfrError("these sampling settings need a host sampler (penalty window too long)")
         out_rows = [o.row for o in outs]
         T, Lb = _bucket(n), _bucket(L) if L else 0
         if Lb == T and out_rows != list(range(L)):  # the head must read the tail copy, not the rows in place
@@ -274,8 +280,21 @@ class GPUBackend:
         decode = int(np.bincount(batch.slots).max()) <= KA.SPLIT_MAX_T
         far = self._far(int(batch.positions.max()), 1, T, decode)
         body, head, x_buf = self._graph(T, Lb, far, decode)
+        tail: list[Dispatch] = []
+        on_gpu: set[int] = set()
+        if L:
+            logits_buf = self._logits_buffer(T, Lb, far, decode)
+            # Rows under a grammar that the GPU samples: their masks in one write, applied first.
+            masked = [i for i, o in enumerate(outs)
+                      if o.mask is not None and not o.want_logits and (_gpu_greedy(o) or i in sampled)]
+            masked = self._masks().load(outs, masked) if masked else []
+            tail = ([self._masks().dispatch(logits_buf, len(masked))] if masked else []) + self._argmax_rows(logits_buf, Lb)
+            drawn = [i for i in sampled if outs[i].mask is None or i in masked]
+            tail += self._sampling().load(logits_buf, self.step_tokens, [(i, outs[i].row, outs[i]) for i in drawn])
+            on_gpu = {i for i, o in enumerate(outs) if not o.want_logits and (
+                (_gpu_greedy(o) and (o.mask is None or i in masked)) or i in drawn)}
         timer = profile.timer_for(self.dev)
-        if timer is not None and len(body) + len(head) + 5 > timer.room:
+        if timer is not None and len(body) + len(head) + len(tail) + 5 > timer.room:
             timer = None  # too many dispatches for one query set: this step goes untimed
         enc = self.dev.device.create_command_encoder()
         with profile.HostClock(timer, "encode"):
@@ -293,12 +312,6 @@ class GPUBackend:
                     j += 1
                 enc.copy_buffer_to_buffer(x_buf, out_rows[i] * width, self.tail, i * width, (j - i + 1) * width)
                 i = j + 1
-        logits_buf = self._logits_buffer(T, Lb, far, decode)
-        # Greedy rows under a grammar: their masks uploaded in one write, applied before the argmax.
-        # Sampled ones (temperature > 0) keep the host path: batched GPU sampling is separate work.
-        masked = [i for i, o in enumerate(outs) if o.mask is not None and not o.want_logits and _gpu_greedy(o)]
-        masked = self._masks().load(outs, masked) if masked else []
-        tail = ([self._masks().dispatch(logits_buf, len(masked))] if masked else []) + self._argmax_rows(logits_buf, Lb)
         with profile.HostClock(timer, "encode"):
             _encode(enc, Recording(head.dispatches + tail), timer)
             cmd = profile.finish_encoder(enc, timer, T)
@@ -306,9 +319,7 @@ class GPUBackend:
             q.submit([cmd])
         with profile.HostClock(timer, "wait"):
             tokens = np.frombuffer(q.read_buffer(self.step_tokens, 0, 4 * L), np.uint32).tolist()
-        on_gpu = set(masked)
-        host = [i for i, o in enumerate(outs)
-                if o.want_logits or (o.mask is not None and i not in on_gpu) or not _gpu_greedy(o)]
+        host = [i for i in range(L) if i not in on_gpu]
         res = StepResult(tokens)
         if host:
             vocab = self.plan.spec.n_vocab
@@ -319,6 +330,23 @@ class GPUBackend:
                 if outs[i].want_logits:
                     res.logits[i] = logits[i].copy()
         return res
+
+    def samples(self, params: SamplingParams) -> bool:
+        """Whether step() draws rows with these settings on the GPU (a row without a host sampler):
+        any settings whose penalty window the penalty kernel takes."""
+        return KSA.supports(params, self.n_ctx)
+
+    @staticmethod
+    def _gpu_samples(row) -> bool:
+        """Whether the GPU's sampler draws this output row: sampled, no host sampler, no logits wanted."""
+        return row.sampler is None and not row.want_logits and not row.params.greedy
+
+    def _sampling(self) -> KSA.StepSampling:
+        """The step's samplers (one slot per output row), made at the first step that needs them."""
+        if not hasattr(self, "_step_sampling"):
+            self._step_sampling = KSA.StepSampling(self.kern, self.plan.spec.n_vocab, self.n_ctx, self.rows,
+                                                   MAX_LOGIT_ROWS)
+        return self._step_sampling
 
     def _masks(self) -> KMask.StepMasks:
         """The grammar masks' buffer and dispatches, made at the first step with a masked row."""
@@ -347,14 +375,19 @@ class GPUBackend:
     multi_step = 16  # greedy decode steps the engine may run per call of decode_steps
 
     def decode_steps(self, batch: Batch, k: int, per_submit: int = 4) -> list[list[int]]:
-        """k greedy steps of a batch of decode rows (row t: one sequence's next token, every
-        row an output row), tokens kept on the GPU: each step's argmax writes the next step's
+        """k steps of a batch of decode rows (row t: one sequence's next token, every row an
+        output row), tokens kept on the GPU: each step's argmax, or a sampled row's GPU sampler
+        (seeded: the draw hashes (seed, position), as step() draws it), writes the next step's
         ids, the step kernel logs them and advances every row; the host encodes submit j + 1
         while the GPU runs submit j and reads the k x rows token log once. Returns each step's
         tokens, in row order. The caller owns blocks for every position the k steps write."""
         L = batch.rows
-        if L != len(batch.outputs) or [o.row for o in batch.outputs] != list(range(L)):
+        outs = batch.outputs
+        if L != len(outs) or [o.row for o in outs] != list(range(L)):
             raise InfrError("decode_steps runs a batch whose every row is an output row, in order")
+        if any(o.mask is not None or o.want_logits or o.sampler is not None or has_penalties(o.params)
+               for o in outs):
+            raise InfrError("decode_steps runs rows without masks, logits, host samplers or penalties")
         if not 1 <= k <= TOKEN_LOG // max(L, 1):
             raise InfrError(f"decode_steps runs 1..{TOKEN_LOG // L} steps of {L} rows")
         last = int(batch.positions.max()) + k - 1
@@ -366,8 +399,10 @@ class GPUBackend:
         q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
         start = int(batch.positions.max())
         timer = profile.timer_for(self.dev)
+        drawn = [(t, t, o) for t, o in enumerate(outs) if not o.params.greedy]
+        steps = {far: self._multi_step(T, far, drawn) for far in (False, True)}
         if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
-            longest = max(len(self._multi_step(T, far)) for far in (False, True))
+            longest = max(len(r) for r in steps.values())
             per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
             if longest + 1 > profile.CAPACITY:
                 timer = None
@@ -378,7 +413,7 @@ class GPUBackend:
                 enc = self.dev.device.create_command_encoder()
                 cpass = enc.begin_compute_pass()
                 for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
-                    self._multi_step(T, far).encode(cpass, times=times, timer=timer)
+                    steps[far].encode(cpass, times=times, timer=timer)
                 cpass.end()
                 cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens
             with profile.HostClock(timer, "submit"):
@@ -388,20 +423,25 @@ class GPUBackend:
             log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
         return log.reshape(k, L).tolist()
 
-    def _multi_step(self, T: int, far: bool) -> Recording:
-        """One greedy step of T decode rows (the graph with every row an output row),
-        argmax into ids, then the step kernel's `batch` entry."""
+    def _multi_step(self, T: int, far: bool, drawn=()) -> Recording:
+        """One step of T decode rows (the graph with every row an output row): argmax into ids,
+        the samplers of the `drawn` rows ((output, row, OutputRow) triples: their settings
+        written now) over their ids, then the step kernel's `batch` entry."""
         far = far and self._has_spans(T, True)
         cache = self.__dict__.setdefault("_multi", {})
-        if (T, far) not in cache:
+        logits = self._logits_buffer(T, T, far, True)
+        draws = self._sampling().load(logits, self.ids, list(drawn)) if drawn else []
+        key = (T, far, tuple(id(d) for d in draws))  # a slot's dispatches are built once per kind
+        if key not in cache:
             body, head, _ = self._graph(T, T, far, True)
-            logits = self._logits_buffer(T, T, far, True)
             argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
             pipe = self.kern.pipeline("step", "batch")
             advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]),
                                (1, 1, 1), "step")
-            cache[(T, far)] = Recording(body.dispatches + head.dispatches + argmax + [advance])
-        return cache[(T, far)]
+            if len(cache) >= SHAPE_CACHE:
+                cache.pop(next(iter(cache)))
+            cache[key] = Recording(body.dispatches + head.dispatches + argmax + draws + [advance])
+        return cache[key]
 
     def _argmax_rows(self, logits_buf, rows: int) -> list[Dispatch]:
         """argmax of each of the first `rows` rows of a logits buffer into step_tokens (built once per buffer)."""
@@ -428,20 +468,6 @@ class GPUBackend:
                             [OutputRow(0, SamplingParams(temperature=0.0))])
         return [row[0] for row in self.decode_steps(batch, n, per_submit=per_submit)]
 
-    def _decode_step(self, far: bool = False) -> Recording:
-        far = far and self._has_spans(1)
-        if not hasattr(self, "_steps"):
-            self._steps = {}
-        if far not in self._steps:
-            body, head, _ = self._graph(1, 1, far)
-            logits = self._logits_buffer(1, 1, far)
-            argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab)
-            pipe = self.kern.pipeline("step", "main")
-            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]), (1, 1, 1),
-                               "step")
-            self._steps[far] = Recording(body.dispatches + head.dispatches + argmax + [advance])
-        return self._steps[far]
-
     # --- which graph a step takes: near or far keys (kernels_attention.attention_dispatches' span)
 
     def _has_spans(self, T: int, decode: bool = False) -> bool:
@@ -466,22 +492,6 @@ class GPUBackend:
         if not self._has_spans(1):
             return [(False, k)]
         return [(far, n) for far, n in ((False, cut), (True, k - cut)) if n]
-
-    def decode_stream(self, logits, context, n: int, params, **kw):
-        """n tokens sampled on the GPU after `context` (in the cache; `logits` its
-        last position's), streamed as they come back (infr/gpu/decode.py)."""
-        return self.resident().stream(logits, context, n, params, **kw)
-
-    def can_sample(self, params) -> bool:
-        """Whether decode_stream runs these sampling settings on the GPU."""
-        return self.resident().supports(params)
-
-    def resident(self):
-        if not hasattr(self, "_resident"):
-            from infr.gpu.decode import ResidentDecoder
-
-            self._resident = ResidentDecoder(self)
-        return self._resident
 
     def _logits_buffer(self, T: int, n_logits: int, far: bool = False, decode: bool = False):
         self._graph(T, n_logits, far, decode)

@@ -1,14 +1,14 @@
-"""Grammar masks on the GPU for a step's greedy constrained rows (wgsl/step_mask.wgsl).
+"""Grammar masks on the GPU for a step's constrained rows (wgsl/step_mask.wgsl).
 
 A row under a JSON-schema or tool grammar carries llguidance's token bitmask
-(`OutputRow.mask`). A greedy one (temperature 0, no penalties, no logits wanted)
+(`OutputRow.mask`). One the GPU draws (greedy, or sampled without a host sampler, no logits wanted)
 need not read its logits back: `StepMasks.load` packs the step's masks as u32
 words into one array and uploads it with one `queue.write_buffer`, and the
 dispatch `StepMasks.dispatch` gives (built once per logits buffer and row count)
-sets the disallowed logits to -inf before the step's argmax, so only token ids
-come back. A step without such rows uploads and encodes none of this. Sampled
-constrained rows (temperature > 0) keep the host path (`host_sample`): batched
-sampling on the GPU is separate work.
+sets the disallowed logits to -inf before the step's argmax and samplers, so only
+token ids come back. A step without such rows uploads and encodes none of this.
+Sampled constrained rows drawn on the GPU (kernels_sample.StepSampling) get their
+masks the same way; rows with a host sampler keep the host path (`host_sample`).
 """
 
 from __future__ import annotations

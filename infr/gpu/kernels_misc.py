@@ -123,8 +123,8 @@ def pack_elementwise(n: int, cap: float = 0.0) -> bytes:
     return _pack([("n", "u32", n), ("cap", "f32", cap)])
 
 
-def pack_argmax(n: int, per: int, parts: int) -> bytes:
-    return _pack([("n", "u32", n), ("per", "u32", per), ("parts", "u32", parts)])
+def pack_argmax(n: int, per: int, parts: int, base: int = 0) -> bytes:
+    return _pack([("n", "u32", n), ("per", "u32", per), ("parts", "u32", parts), ("base", "u32", base)])
 
 
 def pack_state(start: int, T: int) -> np.ndarray:
@@ -133,10 +133,12 @@ def pack_state(start: int, T: int) -> np.ndarray:
 
 
 def _params(kernels: Kernels, data: bytes, params, label: str):
-    """The op's uniform buffer: `params` (rewritten with `data`) or a new one."""
+    """The op's uniform buffer: `params` (a buffer or a (buffer, offset, size) range, rewritten
+    with `data`) or a new one."""
     if params is None:
         return storage(kernels.dev, np.frombuffer(data, np.uint8), label=f"{label}.params", uniform=True)
-    kernels.dev.device.queue.write_buffer(params, 0, data)
+    buf, offset = (params[0], params[1]) if isinstance(params, tuple) else (params, 0)
+    kernels.dev.device.queue.write_buffer(buf, offset, data)
     return params
 
 

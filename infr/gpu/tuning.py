@@ -1,6 +1,6 @@
 """Every tuning knob of the GPU kernels in one object, read from the environment once.
 
-INFR_GEMV_*, INFR_MMQ_*, INFR_ATTN_*, INFR_GEMM_MIN_T and INFR_DECODE_* set it (for
+INFR_GEMV_*, INFR_MMQ_*, INFR_ATTN_* and INFR_GEMM_MIN_T set it (for
 measuring; the defaults are the measured best). Kernels ask `current()`, never
 os.environ, so a graph build costs no environment lookups and a knob means the same
 in every module. A benchmark that changes the variables in-process calls `reload()`;
@@ -54,15 +54,12 @@ class Tuning:
     """gemv: kernels_matmul.GemvTuning (SG -1: the device's subgroup size);
     mmq: kernels_mmq.MmqTuning; attention: AttentionTuning; gemm_min_t: the
     smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
-    environment: never); decode_per_submit / decode_depth: the resident decode
-    loop's steps per submit and submits in flight."""
+    environment: never)."""
 
     gemv: object = field(default_factory=lambda: _gemv({}))
     mmq: object = field(default_factory=lambda: _mmq({}))
     attention: AttentionTuning = field(default_factory=AttentionTuning)
     gemm_min_t: int | None = None
-    decode_per_submit: int = 4
-    decode_depth: int = 3
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
@@ -71,8 +68,6 @@ class Tuning:
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
-            decode_per_submit=int(env.get("INFR_DECODE_PER_SUBMIT") or 4),
-            decode_depth=int(env.get("INFR_DECODE_DEPTH") or 3),
         )
 
 

@@ -289,7 +289,7 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, tune):
     gpu_be, cpu_be = GPUBackend(gf, plan, n_ctx, dev=gpu), CPUBackend(gf, plan, n_ctx)
     n = plan.spec.n_layers
     # One decode graph per span: one-pass attention for steps that see at most 160 keys, split-K past them.
-    near, far = ([d.label.split()[0] for d in gpu_be._decode_step(f).dispatches] for f in (False, True))
+    near, far = ([d.label.split()[0] for d in gpu_be._multi_step(1, f).dispatches] for f in (False, True))
     assert near.count("rope_kv_neox") == n and "rope_neox" not in near and "kv_store" not in near
     assert near.count("attention") == n and "attn_scores" not in near
     assert far.count("attn_scores") == far.count("attn_values") == far.count("attn_combine") == n

@@ -1,6 +1,6 @@
-"""The GPU-resident decode loop (infr/gpu/decode.py) on SmolLM2: greedy equals
-decode_greedy and the CPU reference; seeded sampling is reproducible and equals
-the numpy twin driven token by token; Session.generate stops at end of
+"""Decoding with tokens kept on the GPU (GPUBackend.decode_steps) on SmolLM2: greedy equals the
+CPU reference, across the near and far attention graphs too; seeded sampling drawn on the GPU is
+reproducible and equals the numpy twin driven token by token; Session.generate stops at end of
 generation with the tokens it yielded; `infr run --backend gpu` streams."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from closeness import assert_logits_close, assert_same_top1, rounds_activations
+from infr.batch import Batch, OutputRow
 from infr.cpu import sample as ref
 from infr.cpu.backend import CPUBackend
 from infr.engine import Model
@@ -39,19 +40,24 @@ def backends(gpu, smollm2_path):
     return GPUBackend(gf, plan, 160, dev=gpu), CPUBackend(gf, plan, 160)
 
 
-def test_greedy_stream_equals_decode_greedy_and_cpu(backends):
+IDENTITY = list(range(5))  # slot 0's blocks in order, as forward() uses them (a context of 160)
+
+
+def _one_row(token: int, pos: int, params: SamplingParams, history=()) -> Batch:
+    """A decode row of slot 0 over the identity block table forward() uses."""
+    return Batch.build([(0, [token], pos, IDENTITY, pos)], [OutputRow(0, params, history=history)])
+
+
+def test_greedy_decode_equals_cpu(backends):
     gpu_be, cpu_be = backends
     prompt = _cases()[0]["prompt_ids"]
-    logits = gpu_be.forward(prompt, 0)[-1]
-    first = int(np.argmax(logits))
-    resident = [first] + gpu_be.decode_greedy(first, len(prompt), 7)
-    streamed = list(gpu_be.decode_stream(logits, prompt, 8, SamplingParams(temperature=0), per_submit=3))
-    assert streamed == resident
+    first = int(np.argmax(gpu_be.forward(prompt, 0)[-1]))
+    resident = [first] + gpu_be.decode_greedy(first, len(prompt), 7, per_submit=3)
     token, want = int(np.argmax(cpu_be.forward(prompt, 0)[-1])), []
     for i in range(8):
         want.append(token)
         token = int(np.argmax(cpu_be.forward([token], len(prompt) + i)[-1]))
-    assert streamed == want
+    assert resident == want
 
 
 def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, tune):
@@ -63,7 +69,7 @@ def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, tune):
     gf = open_gguf(smollm2_path)
     plan = build_plan(build_spec(gf))
     gpu_be, cpu_be = GPUBackend(gf, plan, 96, dev=gpu), CPUBackend(gf, plan, 96)
-    near, far = ([d.label.split()[0] for d in gpu_be._decode_step(f).dispatches] for f in (False, True))
+    near, far = ([d.label.split()[0] for d in gpu_be._multi_step(1, f).dispatches] for f in (False, True))
     assert "attention" in near and "attn_scores" not in near
     assert "attn_scores" in far and "attention" not in far
     prompt = _cases()[0]["prompt_ids"][:30]
@@ -74,7 +80,6 @@ def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, tune):
     logits = gpu_be.forward(prompt, 0)[-1]
     first = int(np.argmax(logits))
     assert [first] + gpu_be.decode_greedy(first, len(prompt), 19, per_submit=4) == want
-    assert list(gpu_be.decode_stream(logits, prompt, 20, SamplingParams(temperature=0), per_submit=4)) == want
     stepped, tok = [], first
     for i in range(20):  # forward() itself picks the graph from the position
         stepped.append(tok)
@@ -84,15 +89,32 @@ def test_decode_crosses_from_near_to_far_graphs(gpu, smollm2_path, tune):
 
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.3, top_k=0, top_p=0.98, min_p=0.0, seed=11),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.02, seed=2**33 + 5),
     SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.02, repeat_penalty=1.5, frequency_penalty=0.3,
                    repeat_last_n=32, seed=2**33 + 5),
 ])
-def test_seeded_stream_equals_reference_sampler(backends, params):
+def test_seeded_sampling_equals_reference_sampler(backends, params):
+    """The first token from the prompt's step, the rest by decode_steps (tokens kept on the GPU) or,
+    with penalties (their window comes from the host), one step each."""
+    from infr.numerics import has_penalties
+
     gpu_be, _ = backends
     prompt = _cases()[2]["prompt_ids"]  # a chat prompt: a spread-out next-token distribution
     logits = gpu_be.forward(prompt, 0)[-1]
-    a = list(gpu_be.decode_stream(logits, prompt, 6, params, per_submit=2))
-    b = list(gpu_be.decode_stream(logits, prompt, 6, params, per_submit=4, depth=1))
+    P = len(prompt)
+
+    def draw(p: SamplingParams, per_submit: int) -> list[int]:
+        gpu_be.forward(prompt, 0)
+        chunks = [(0, prompt, 0, IDENTITY, P)]
+        first = gpu_be.step(Batch.build(chunks, [OutputRow(P - 1, p, history=prompt)])).tokens[0]
+        if not has_penalties(p):
+            return [first] + [t[0] for t in gpu_be.decode_steps(_one_row(first, P, p), 5, per_submit=per_submit)]
+        out = [first]
+        for j in range(5):
+            out.append(gpu_be.step(_one_row(out[-1], P + j, p, prompt + out)).tokens[0])
+        return out
+
+    a, b = draw(params, 2), draw(params, 4)
     assert a == b  # same seed, same tokens, however the steps are batched
     # The numpy twin, fed the same backend's logits token by token.
     ctx, x, want = list(prompt), logits, []
@@ -103,8 +125,7 @@ def test_seeded_stream_equals_reference_sampler(backends, params):
             x = gpu_be.forward([token], len(ctx))[-1]
             ctx.append(token)
     assert a == want
-    other = list(gpu_be.decode_stream(logits, prompt, 6, SamplingParams(**{**params.__dict__, "seed": 12})))
-    assert other != a  # the seed matters (6 draws from a spread-out distribution)
+    assert draw(SamplingParams(**{**params.__dict__, "seed": 12}), 4) != a  # the seed matters
 
 
 @pytest.fixture(scope="module")

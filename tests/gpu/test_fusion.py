@@ -51,7 +51,7 @@ def test_plan_residual_adds_are_fused(smollm2_path, gemma3_path, gpu):
     unfused = len(plan.embed + plan.layers + plan.head)  # one dispatch per op, chunks aside
     # Rounding for the int8 GEMV: a quantize where no norm or attention wrote the rounded rows
     # (here K = 576 is not whole 256-value blocks): at most once for each of q|k|v, o, gate||up, down and the head.
-    labels = [d.label for d in be._decode_step().dispatches]
+    labels = [d.label for d in be._multi_step(1, False).dispatches]
     quant = sum(lb.startswith("quantize_q8") for lb in labels)
     assert 1 <= quant <= 4 * plan.spec.n_layers + 1
     stacked = sum(len(names) - 1 for names in be.stacks)  # q|k|v: one GEMV for three matmuls
@@ -110,7 +110,7 @@ def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
     plan = build_plan(build_spec(gf))
     gpu_be = GPUBackend(gf, plan, 64, dev=gpu)
     assert len(gpu_be.stacks) == plan.spec.n_layers  # q|k|v stacked in every layer
-    labels = [d.label for d in gpu_be._decode_step().dispatches]
+    labels = [d.label for d in gpu_be._multi_step(1, False).dispatches]
     assert sum("_stacked" in lb for lb in labels) == plan.spec.n_layers
     assert sum("_gate_up" in lb for lb in labels) == plan.spec.n_layers
     # the attention kernel rounds the o projection's input itself; only the down projection's is quantized

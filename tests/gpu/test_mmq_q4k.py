@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from closeness import assert_logits_close, rounds_activations
+from closeness import assert_follows_greedy, assert_logits_close, rounds_activations
 from gguf import GGMLQuantizationType as Q
 from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.path (prepend import mode)
 
@@ -298,7 +298,7 @@ def test_prefill_through_mmq(tmp_path, gpu, small_batches):
     assert sum(lb.startswith("mmq_q4_k ") for lb in weight_ops) >= 2 * plan.spec.n_layers, weight_ops  # o, down
     assert sum("mmq_q4_k_stacked" in lb for lb in labels) == plan.spec.n_layers
     assert sum("mmq_q4_k_gate_up" in lb for lb in labels) == plan.spec.n_layers
-    assert not any(lb.startswith("mmq_") for lb in (d.label for d in gpu_be._decode_step().dispatches))
+    assert not any(lb.startswith("mmq_") for lb in (d.label for d in gpu_be._multi_step(1, False).dispatches))
 
     batch = gpu_be.forward(prompt, 0, n_logits=T)
     q8 = rounds_activations(gf, plan)
@@ -307,15 +307,9 @@ def test_prefill_through_mmq(tmp_path, gpu, small_batches):
     assert_logits_close(steps, batch, q8)
     assert (steps.argmax(-1) == batch.argmax(-1)).all()
 
-    # The greedy continuation up to the first near-tie of the reference (top two logits within
-    # 0.02: f32 sums in another order may pick either; this model has one at step 5).
-    want, logits = [], cpu_be.forward(prompt, 0)[-1]
-    for i in range(6):
-        top2 = np.sort(logits)[-2:]
-        if top2[1] - top2[0] < 0.02:
-            break
-        want.append(int(np.argmax(logits)))
-        logits = cpu_be.forward([want[-1]], T + i)[-1]
-    assert len(want) >= 3
+    # The greedy continuation: the reference follows the GPU's tokens (this model has near-ties of
+    # 0.025 at steps 4 and 5, which f32 sums in another order may pick either way).
     first = int(np.argmax(gpu_be.forward(prompt, 0)[-1]))
-    assert [first] + gpu_be.decode_greedy(first, T, len(want) - 1) == want
+    got = [first] + gpu_be.decode_greedy(first, T, 7)
+    assert_follows_greedy(cpu_be, prompt, got)
+    assert len(set(got)) > 2  # a real chain, not one token repeated

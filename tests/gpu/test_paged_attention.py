@@ -305,16 +305,15 @@ def test_rope_per_row_positions(gpu, kernels):
 # --- the step kernel: positions advance on the GPU ----------------------------------------------
 
 
-@pytest.mark.parametrize("entry", ["main", "context"])
-def test_step_advances_live_rows(gpu, kernels, entry):
-    """Every live row moves to its next position, slots and padding rows stay; `main`
-    logs ids[0] at state[2], `context` at state[0] + 1 (the sampler's context)."""
+def test_step_advances_live_rows(gpu, kernels):
+    """Every live row moves to its next position, slots and padding rows stay; each live row's
+    id is logged after the state[2] tokens logged so far (the engine's multi-step decode)."""
     pos, slot = np.array([40, 7, 300, 9, 9]), np.array([0, 3, 1, 2, 2])
     rows = _buf(gpu, M.pack_rows(pos, slot))
     state = _buf(gpu, np.array([40, 3, 2, 0], np.uint32))
     log = _buf(gpu, np.zeros(64, np.uint32))
-    ids = _buf(gpu, np.array([77, 0, 0, 0], np.uint32))
-    pipe = kernels.pipeline("step", entry)
+    ids = _buf(gpu, np.array([77, 78, 79, 80], np.uint32))
+    pipe = kernels.pipeline("step", "batch")
     from infr.gpu.runtime import Dispatch
 
     run(gpu, [Dispatch(pipe, kernels.bind(pipe, [ids, state, log, rows]), (1, 1, 1))] * 2)
@@ -322,10 +321,8 @@ def test_step_advances_live_rows(gpu, kernels, entry):
     np.testing.assert_array_equal(got[:, 0], [42, 9, 302, 9, 9])
     np.testing.assert_array_equal(got[:, 1], slot)
     st, lg = read(gpu, state, np.uint32, 4), read(gpu, log, np.uint32, 64)
-    if entry == "main":
-        assert st.tolist() == [42, 3, 4, 0] and lg[2:4].tolist() == [77, 77] and lg[4:].sum() == 0
-    else:
-        assert st.tolist() == [42, 3, 2, 0] and lg[41:43].tolist() == [77, 77] and lg.sum() == 2 * 77
+    assert st.tolist() == [42, 3, 8, 0]
+    assert lg[2:8].tolist() == [77, 78, 79] * 2 and lg[:2].sum() == 0 and lg[8:].sum() == 0
 
 
 # --- GPUBackend.run_rows ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny):
     gf = open_gguf(tiny)
     be = GPUBackend(gf, build_plan(build_spec(gf)), 64, dev=gpu)
     be.forward([1, 2, 3], 0)
-    per_token = len(be._decode_step())
+    per_token = len(be._multi_step(1, False))
     with profile.profile() as p:
         be.decode_greedy(5, 3, 10, per_submit=4)  # three submits: 4 + 4 + 2 steps
     res = p.result
