@@ -10,7 +10,6 @@ struct Params {
     n: u32,
     per: u32,    // values per slice (partial)
     parts: u32,  // slices (final)
-    base: u32,   // row 0's first value in x (a sampler's row of a step's logits)
 }
 
 const WG: u32 = 256u;
@@ -31,7 +30,7 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     _ = out[0];  // both entry points use every binding: one bind group layout serves both
     let lo = wid.x * params.per;
     let hi = min(params.n, lo + params.per);
-    let row = params.base + wid.y * params.n;
+    let row = wid.y * params.n;
     var bv = -3.4028235e38;
     var bi = NONE;
     // Increasing index order within an invocation, so a strict > keeps its first maximum.

@@ -50,8 +50,8 @@ fn best_of_parts(base: u32, tid: u32) {
     var bv = 0.0;
     var bi = NONE;
     for (var p = tid; p < params.parts; p += WG) {
-        let v = bitcast<f32>(scratch[base + 2u * p]);
-        let i = scratch[base + 2u * p + 1u];
+        let v = bitcast<f32>(scratch[params.scratch_off + base + 2u * p]);
+        let i = scratch[params.scratch_off + base + 2u * p + 1u];
         if (beats(v, i, bv, bi)) {
             bv = v;
             bi = i;
@@ -80,8 +80,8 @@ fn decide(job: u32, rp: u32, tid: u32) {
     var m = 0.0;
     for (var s = tid / BINS; s < params.parts; s += WG / BINS) {
         let o = hist_at(job, par, s, tid % BINS);
-        c += scratch[o];
-        m += bitcast<f32>(scratch[o + 1u]);
+        c += scratch[params.scratch_off + o];
+        m += bitcast<f32>(scratch[params.scratch_off + o + 1u]);
     }
     workgroupBarrier();  // red_* may still be read by a previous reduction
     red_c[tid] = c;
@@ -103,7 +103,7 @@ fn decide(job: u32, rp: u32, tid: u32) {
         if (job == 1u && rp == 0u) {
             var total = 0.0;
             if (params.use_k != 0u) {
-                total = bitcast<f32>(scratch[RES + 3u]);  // mass of the top_k prefix
+                total = bitcast<f32>(scratch[params.scratch_off + RES + 3u]);  // mass of the top_k prefix
             } else {
                 for (var b = 0u; b < BINS; b++) {
                     total += bin_m[b];
@@ -169,18 +169,21 @@ fn finalize(job: u32) -> vec4<u32> {
 }
 
 @compute @workgroup_size(WG)
-fn penalize(@builtin(local_invocation_index) tid: u32) {
+fn penalize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_PEN)) {
+        return;
+    }
     let len = pos() + 1u;  // tokens in the context: positions 0 ..= pos()
     var lo = 0u;
     if (params.pen_n != NONE && len > params.pen_n) {
         lo = len - params.pen_n;
     }
     for (var i = lo + tid; i < len; i += WG) {
-        let t = seq[i];
+        let t = seq[params.seq_off + i];
         var first = true;
         for (var j = lo; j < i; j++) {
-            if (seq[j] == t) {
+            if (seq[params.seq_off + j] == t) {
                 first = false;
                 break;
             }
@@ -190,7 +193,7 @@ fn penalize(@builtin(local_invocation_index) tid: u32) {
         }
         var cnt = 1u;
         for (var j = i + 1u; j < len; j++) {
-            cnt += select(0u, 1u, seq[j] == t);
+            cnt += select(0u, 1u, seq[params.seq_off + j] == t);
         }
         var v = xv(t);
         if (params.rep != 1.0) {
@@ -200,9 +203,40 @@ fn penalize(@builtin(local_invocation_index) tid: u32) {
     }
 }
 
+// The slice maxima: scratch[PMAX + 2 s] = (max bits, lowest index of it) of slice s, as
+// argmax.wgsl's first pass computes them.
+@compute @workgroup_size(WG)
+fn slice_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    touch();
+    if (!enter(wid.z, PATH_FULL)) {
+        return;
+    }
+    let lo = wid.x * params.slice;
+    let hi = min(params.n, lo + params.slice);
+    var bv = -3.4028235e38;
+    var bi = NONE;
+    for (var i = lo + tid; i < hi; i += WG) {  // increasing index: a strict > keeps the first maximum
+        let v = xv(i);
+        if (v > bv || bi == NONE) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_v[tid] = bv;
+    best_i[tid] = bi;
+    reduce_best(tid);
+    if (tid == 0u) {
+        scratch[params.scratch_off + PMAX + 2u * wid.x] = bitcast<u32>(best_v[0]);
+        scratch[params.scratch_off + PMAX + 2u * wid.x + 1u] = best_i[0];
+    }
+}
+
 @compute @workgroup_size(WG)
 fn radix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_FULL) || (step.job == 0u && params.use_k == 0u) || (step.job == 1u && params.use_p == 0u)) {
+        return;
+    }
     load_max(tid);
     let job = step.job;
     let r = step.round;
@@ -211,7 +245,7 @@ fn radix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         if (tid == 0u && wid.x == 0u) {
             let res = finalize(0u);
             for (var f = 0u; f < 4u; f++) {
-                scratch[RES + f] = res[f];
+                scratch[params.scratch_off + RES + f] = res[f];
             }
         }
     }
@@ -252,14 +286,17 @@ fn radix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             s += red_m[t * BINS + tid];
         }
         let o = hist_at(job, r & 1u, wid.x, tid);
-        scratch[o] = c;
-        scratch[o + 1u] = bitcast<u32>(s);
+        scratch[params.scratch_off + o] = c;
+        scratch[params.scratch_off + o + 1u] = bitcast<u32>(s);
     }
 }
 
 @compute @workgroup_size(WG)
 fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_FULL)) {
+        return;
+    }
     load_max(tid);
     // The kept prefix: the shorter of top_k's and top_p's (both prefixes of one order).
     var rk = vec4<u32>(0u, NONE, 0u, 0u);
@@ -269,7 +306,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             rk = finalize(0u);
         }
     } else if (params.use_k != 0u && tid == 0u) {
-        rk = vec4<u32>(scratch[RES], scratch[RES + 1u], scratch[RES + 2u], scratch[RES + 3u]);
+        rk = vec4<u32>(scratch[params.scratch_off + RES], scratch[params.scratch_off + RES + 1u], scratch[params.scratch_off + RES + 2u], scratch[params.scratch_off + RES + 3u]);
     }
     var rp = vec4<u32>(0u, NONE, 0u, 0u);
     if (params.use_p != 0u) {
@@ -302,7 +339,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (cut.w == 0u) {
         here = run.z;
         for (var s = tid; s < wid.x; s += WG) {
-            before += scratch[hist_at(cut.z, 1u, s, cut.x & 15u)];
+            before += scratch[params.scratch_off + hist_at(cut.z, 1u, s, cut.x & 15u)];
         }
     }
     sh_rank[tid] = here;
@@ -342,14 +379,17 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     reduce_best(tid);
     if (tid == 0u) {
         let o = dpart_at(row, wid.x);
-        scratch[o] = bitcast<u32>(best_v[0]);
-        scratch[o + 1u] = best_i[0];
+        scratch[params.scratch_off + o] = bitcast<u32>(best_v[0]);
+        scratch[params.scratch_off + o + 1u] = best_i[0];
     }
 }
 
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_FULL)) {
+        return;
+    }
     best_of_parts(dpart_at(wid.x, 0u), tid);
     if (tid == 0u) {
         out[params.out_off + wid.x] = best_i[0];

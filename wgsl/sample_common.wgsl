@@ -1,7 +1,13 @@
 // What the sampler's two shader modules share (sample.wgsl, sample_topk.wgsl):
-// the uniforms, the bindings (one bind group layout for every entry point), the
+// the settings, the bindings (one bind group layout for every entry point), the
 // scratch layout, the order-preserving key of a logit, the seeded Gumbel noise
 // and the radix rounds' state.
+//
+// One dispatch runs every sampled row of a step: workgroup_id.z is the row's slot, whose
+// settings are slots[z] (kernels_sample.StepSampling writes them all in one call) and
+// whose scratch, penalty window and candidate counter sit at its own offsets. A slot
+// whose path does not take an entry point returns at once (the whole workgroup: its
+// settings are the workgroup's).
 
 struct Params {
     n: u32,
@@ -25,6 +31,10 @@ struct Params {
     x_off: u32,   // the row's first value in x (a step's output row i: i * n)
     out_off: u32, // out[out_off + r] takes draw row r's token
     pos_at: u32,  // state[pos_at]: the row's position (the last context token's)
+    scratch_off: u32,  // the slot's scratch: scratch[params.scratch_off + scratch_off ..]
+    seq_off: u32,      // its context's ids (the penalty window): seq[params.seq_off + seq_off ..]
+    slot: u32,         // its candidate counter: counter[slot]
+    path: u32,         // PATH_* bits: the entry points it takes
 }
 
 struct Step {
@@ -46,17 +56,21 @@ const NONE: u32 = 0xffffffffu;
 // then draw winners [row][part][score, index]; then sample_topk.wgsl's 8-bit histograms
 // [parity][part][256 bins] and its candidates [CAND_MAX][value, index].
 const RES: u32 = 32u;
+const PATH_PEN: u32 = 1u;   // penalize
+const PATH_TOPK: u32 = 2u;  // radix8, collect, pick (sample_topk.wgsl)
+const PATH_FULL: u32 = 4u;  // slice_max, radix, draw, merge (sample.wgsl)
 const PMAX: u32 = 64u;
 const CAND_MAX: u32 = 1024u;  // top_k up to this many takes sample_topk.wgsl (kernels_sample.CAND_MAX)
 
-@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(0) var<storage, read> slots: array<Params>;
+var<private> params: Params;  // slots[workgroup_id.z], from enter()
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> seq: array<u32>;
 @group(0) @binding(4) var<storage, read_write> state: array<u32>;
 @group(0) @binding(5) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;
-@group(0) @binding(7) var<storage, read_write> counter: array<atomic<u32>>;  // [0]: candidates collected
+@group(0) @binding(7) var<storage, read_write> counter: array<atomic<u32>>;  // [slot]: candidates collected
 
 // #include best_common
 
@@ -69,14 +83,20 @@ fn pos() -> u32 {
     return state[params.pos_at];
 }
 
+// The slot's settings; false: its path does not take this entry point (`path` bits).
+fn enter(z: u32, path: u32) -> bool {
+    params = slots[z];
+    return (params.path & path) != 0u;
+}
+
 // Every entry point uses every binding, so one bind group layout serves all.
 fn touch() {
-    _ = params.n;
+    _ = slots[0].n;
     _ = step.job;
     _ = x[0];
-    _ = seq[0];
+    _ = seq[params.seq_off + 0];
     _ = state[0];
-    _ = scratch[0];
+    _ = scratch[params.scratch_off + 0];
     _ = out[0];
     _ = atomicLoad(&counter[0]);
 }
@@ -132,16 +152,16 @@ fn load_state(job: u32, r: u32) -> St {
         return St(0u, 0u, 0.0, 0.0, 0u);
     }
     let o = (job * 2u + (r & 1u)) * 8u;
-    return St(scratch[o], scratch[o + 1u], bitcast<f32>(scratch[o + 2u]), bitcast<f32>(scratch[o + 3u]), scratch[o + 4u]);
+    return St(scratch[params.scratch_off + o], scratch[params.scratch_off + o + 1u], bitcast<f32>(scratch[params.scratch_off + o + 2u]), bitcast<f32>(scratch[params.scratch_off + o + 3u]), scratch[params.scratch_off + o + 4u]);
 }
 
 fn store_state(job: u32, r: u32, st: St) {
     let o = (job * 2u + (r & 1u)) * 8u;
-    scratch[o] = st.pre;
-    scratch[o + 1u] = st.acc_c;
-    scratch[o + 2u] = bitcast<u32>(st.acc_m);
-    scratch[o + 3u] = bitcast<u32>(st.need);
-    scratch[o + 4u] = st.eq_c;
+    scratch[params.scratch_off + o] = st.pre;
+    scratch[params.scratch_off + o + 1u] = st.acc_c;
+    scratch[params.scratch_off + o + 2u] = bitcast<u32>(st.acc_m);
+    scratch[params.scratch_off + o + 3u] = bitcast<u32>(st.need);
+    scratch[params.scratch_off + o + 4u] = st.eq_c;
 }
 
 // The state after round rp of `job` (into sh_st): merge that round's histograms

@@ -62,7 +62,7 @@ fn decide8(rp: u32, tid: u32) {
     let b = H - 1u - tid;
     var c = 0u;
     for (var s = 0u; s < params.parts; s++) {
-        c += scratch[h8_at(rp & 1u, s, b)];
+        c += scratch[params.scratch_off + h8_at(rp & 1u, s, b)];
     }
     if (tid == 0u) {  // never kept: a count that misses top_k (impossible) keeps the lowest bin
         sh_st = St(st.pre, st.acc_c, 0.0, 0.0, 0u);
@@ -84,6 +84,9 @@ fn cut8() -> vec2<u32> {
 @compute @workgroup_size(WG)
 fn radix8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_TOPK)) {
+        return;
+    }
     let r = step.round;
     atomicStore(&h8[tid], 0u);
     var st = St(0u, 0u, 0.0, 0.0, 0u);
@@ -94,7 +97,7 @@ fn radix8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             store_state(0u, r, st);
         }
     } else if (tid == 0u && wid.x == 0u) {
-        atomicStore(&counter[0], 0u);  // collect's slots, taken afresh every step
+        atomicStore(&counter[params.slot], 0u);  // collect's slots, taken afresh every step
     }
     workgroupBarrier();
     let shift = 24u - 8u * r;
@@ -108,12 +111,15 @@ fn radix8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         atomicAdd(&h8[(k >> shift) & 255u], 1u);
     }
     workgroupBarrier();
-    scratch[h8_at(r & 1u, wid.x, tid)] = atomicLoad(&h8[tid]);
+    scratch[params.scratch_off + h8_at(r & 1u, wid.x, tid)] = atomicLoad(&h8[tid]);
 }
 
 @compute @workgroup_size(WG)
 fn collect(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_TOPK)) {
+        return;
+    }
     decide8(3u, tid);
     let cut = cut8();
     let lo = wid.x * params.slice;
@@ -125,7 +131,7 @@ fn collect(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let e = run.y;
     var rank = scan_u32(tid, run.z) - run.z;
     for (var s = 0u; s < wid.x; s++) {  // round 3 (parity 1) counted each slice's ties
-        rank += scratch[h8_at(1u, s, cut.x & 255u)];
+        rank += scratch[params.scratch_off + h8_at(1u, s, cut.x & 255u)];
     }
     for (var i = a; i < e; i++) {
         let k = key_of(xv(i));
@@ -135,10 +141,10 @@ fn collect(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             rank += 1u;
         }
         if (keep) {
-            let slot = atomicAdd(&counter[0], 1u);
+            let slot = atomicAdd(&counter[params.slot], 1u);
             if (slot < CAND_MAX) {
-                scratch[cand_at(slot)] = bitcast<u32>(xv(i));
-                scratch[cand_at(slot) + 1u] = i;
+                scratch[params.scratch_off + cand_at(slot)] = bitcast<u32>(xv(i));
+                scratch[params.scratch_off + cand_at(slot) + 1u] = i;
             }
         }
     }
@@ -154,7 +160,7 @@ fn before_c(a: u32, b: u32) -> bool {
 
 fn sort_candidates(tid: u32) -> u32 {
     if (tid == 0u) {
-        sh_n = min(atomicLoad(&counter[0]), CAND_MAX);
+        sh_n = min(atomicLoad(&counter[params.slot]), CAND_MAX);
     }
     let n = workgroupUniformLoad(&sh_n);
     var n2 = 2u;
@@ -163,8 +169,8 @@ fn sort_candidates(tid: u32) -> u32 {
     }
     for (var i = tid; i < n2; i += WG) {
         if (i < n) {
-            c_key[i] = key_of(bitcast<f32>(scratch[cand_at(i)]));
-            c_idx[i] = scratch[cand_at(i) + 1u];
+            c_key[i] = key_of(bitcast<f32>(scratch[params.scratch_off + cand_at(i)]));
+            c_idx[i] = scratch[params.scratch_off + cand_at(i) + 1u];
         } else {
             c_key[i] = 0u;
             c_idx[i] = NONE;
@@ -196,6 +202,9 @@ fn sort_candidates(tid: u32) -> u32 {
 @compute @workgroup_size(WG)
 fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
+    if (!enter(wid.z, PATH_TOPK)) {
+        return;
+    }
     let n = sort_candidates(tid);
     let m = value_of(c_key[0]);  // the largest logit: top_k keeps it
     // top_p: the shortest prefix whose mass exp(x - m) reaches top_p of the k

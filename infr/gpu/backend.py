@@ -17,6 +17,7 @@ writes the other half of a ping-pong pair.
 
 from __future__ import annotations
 
+import secrets
 from collections import OrderedDict
 
 import numpy as np
@@ -290,7 +291,8 @@ class GPUBackend:
             masked = self._masks().load(outs, masked) if masked else []
             tail = ([self._masks().dispatch(logits_buf, len(masked))] if masked else []) + self._argmax_rows(logits_buf, Lb)
             drawn = [i for i in sampled if outs[i].mask is None or i in masked]
-            tail += self._sampling().load(logits_buf, self.step_tokens, [(i, outs[i].row, outs[i]) for i in drawn])
+            tail += self._sampling().load(logits_buf, self.step_tokens, [
+                (i, i, 2 * outs[i].row, outs[i].params, _seed(outs[i].params), outs[i].history) for i in drawn])
             on_gpu = {i for i, o in enumerate(outs) if not o.want_logits and (
                 (_gpu_greedy(o) and (o.mask is None or i in masked)) or i in drawn)}
         timer = profile.timer_for(self.dev)
@@ -399,7 +401,7 @@ class GPUBackend:
         q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
         start = int(batch.positions.max())
         timer = profile.timer_for(self.dev)
-        drawn = [(t, t, o) for t, o in enumerate(outs) if not o.params.greedy]
+        drawn = [(t, t, 2 * t, o.params, _seed(o.params), ()) for t, o in enumerate(outs) if not o.params.greedy]
         steps = {far: self._multi_step(T, far, drawn) for far in (False, True)}
         if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
             longest = max(len(r) for r in steps.values())
@@ -425,8 +427,8 @@ class GPUBackend:
 
     def _multi_step(self, T: int, far: bool, drawn=()) -> Recording:
         """One step of T decode rows (the graph with every row an output row): argmax into ids,
-        the samplers of the `drawn` rows ((output, row, OutputRow) triples: their settings
-        written now) over their ids, then the step kernel's `batch` entry."""
+        the samplers of the `drawn` rows (StepSampling.load's tuples: their settings written
+        now) over their ids, then the step kernel's `batch` entry."""
         far = far and self._has_spans(T, True)
         cache = self.__dict__.setdefault("_multi", {})
         logits = self._logits_buffer(T, T, far, True)
@@ -562,6 +564,11 @@ def _bucket(n: int) -> int:
 def _gpu_greedy(row) -> bool:
     """Whether the GPU's argmax is this row's token: greedy without penalties."""
     return row.params.greedy and not has_penalties(row.params)
+
+
+def _seed(params: SamplingParams) -> int:
+    """A sampled row's seed: its own (the engine gives every request one), else a fresh one."""
+    return int(params.seed) if params.seed is not None else secrets.randbits(63)
 
 
 def _encode(enc, recording: Recording, timer=None) -> None:

@@ -123,8 +123,8 @@ def pack_elementwise(n: int, cap: float = 0.0) -> bytes:
     return _pack([("n", "u32", n), ("cap", "f32", cap)])
 
 
-def pack_argmax(n: int, per: int, parts: int, base: int = 0) -> bytes:
-    return _pack([("n", "u32", n), ("per", "u32", per), ("parts", "u32", parts), ("base", "u32", base)])
+def pack_argmax(n: int, per: int, parts: int) -> bytes:
+    return _pack([("n", "u32", n), ("per", "u32", per), ("parts", "u32", parts)])
 
 
 def pack_state(start: int, T: int) -> np.ndarray:
@@ -133,12 +133,10 @@ def pack_state(start: int, T: int) -> np.ndarray:
 
 
 def _params(kernels: Kernels, data: bytes, params, label: str):
-    """The op's uniform buffer: `params` (a buffer or a (buffer, offset, size) range, rewritten
-    with `data`) or a new one."""
+    """The op's uniform buffer: `params` (rewritten with `data`) or a new one."""
     if params is None:
         return storage(kernels.dev, np.frombuffer(data, np.uint8), label=f"{label}.params", uniform=True)
-    buf, offset = (params[0], params[1]) if isinstance(params, tuple) else (params, 0)
-    kernels.dev.device.queue.write_buffer(buf, offset, data)
+    kernels.dev.device.queue.write_buffer(params, 0, data)
     return params
 
 
@@ -270,18 +268,6 @@ def argmax_dispatches(kernels: Kernels, x, out, n: int, rows: int = 1) -> list[D
     parts = max(1, -(-n // ARGMAX_SLICE))
     p = _params(kernels, pack_argmax(n, ARGMAX_SLICE, parts), None, "argmax")
     best = storage(kernels.dev, rows * parts * 8, label="argmax.best")
-    last = kernels.pipeline("argmax", "merge")
-    first = slice_maxima_dispatch(kernels, x, best, out, n, ARGMAX_SLICE, params=p)
-    first = Dispatch(first.pipeline, first.bind_group, (parts, rows, 1), first.label)
-    return [first, Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, rows, 1), "argmax_merge")]
-
-
-def slice_maxima_dispatch(kernels: Kernels, x, best, out, n: int, per: int, params=None,
-                          label: str | None = None) -> Dispatch:
-    """argmax.wgsl's first pass alone: best[s] = (max bits, lowest index of it) of
-    x[s * per, (s + 1) * per) for every slice s of x[:n]; `best` a buffer or a
-    (buffer, offset, size) range (the sampler's scratch). `out` is bound, not written."""
-    parts = max(1, -(-n // per))
-    p = _params(kernels, pack_argmax(n, per, parts), params, "argmax")
-    first = kernels.pipeline("argmax", "partial")
-    return Dispatch(first, kernels.bind(first, [p, x, best, out]), (parts, 1, 1), label or f"argmax {n}")
+    first, last = kernels.pipeline("argmax", "partial"), kernels.pipeline("argmax", "merge")
+    return [Dispatch(first, kernels.bind(first, [p, x, best, out]), (parts, rows, 1), f"argmax {n}"),
+            Dispatch(last, kernels.bind(last, [p, x, best, out]), (1, rows, 1), "argmax_merge")]

@@ -10,22 +10,19 @@ import pytest
 
 from infr.cpu import sample as ref
 from infr.gpu import runtime
-from infr.gpu.kernels_sample import SampleKernels
+from infr.gpu.kernels_sample import StepSampling
 from infr.gpu.runtime import storage
 from infr.sampling import Sampler, SamplingParams
 
 
 def gpu_draws(gpu, kernels, logits, params, seed, pos, rows=1, history=()):
-    """Tokens the GPU sampler picks for positions pos .. pos + rows - 1."""
+    """Tokens the GPU sampler picks for positions pos .. pos + rows - 1 (one slot, `rows` draws)."""
     n = logits.size
-    hist = np.asarray(list(history) + [0], np.uint32)
     x = storage(gpu, np.asarray(logits, np.float32), label="test.logits")
-    seq = storage(gpu, hist, label="test.seq")
     state = storage(gpu, np.array([pos - 1, 1, 0, 0], np.uint32), label="test.state")
     out = storage(gpu, 4 * rows, label="test.out")
-    sk = SampleKernels(kernels, n, x, seq, state, out, rows=rows)
-    sk.set(params, seed)
-    runtime.run(gpu, sk.dispatches(params))
+    ss = StepSampling(kernels, n, max(len(history), pos) + 1, state, slots=1, rows=rows)
+    runtime.run(gpu, ss.load(x, out, [(0, 0, 0, params, seed, list(history))]))
     return runtime.read(gpu, out, np.uint32, rows).astype(np.int64)
 
 
@@ -61,13 +58,38 @@ def test_top_k_takes_the_candidate_path(gpu, kernels):
     from infr.gpu import kernels_sample as KSA
 
     n = 5000
-    x = storage(gpu, np.zeros(n, np.float32))
-    sk = SampleKernels(kernels, n, x, storage(gpu, 64), storage(gpu, 16), storage(gpu, 16))
-    labels = lambda p: [d.label.split()[0] for d in sk.dispatches(p)]
+    x, out = storage(gpu, np.zeros(n, np.float32)), storage(gpu, 16)
+    ss = StepSampling(kernels, n, 16, storage(gpu, 16), slots=2)
+    labels = lambda *ps: [d.label.split()[0] for d in ss.load(x, out, [(0, j, 0, p, 1, ()) for j, p in enumerate(ps)])]
     assert labels(PARAMS["default"]) == ["sample_radix8"] * 4 + ["sample_collect", "sample_pick"]
     assert labels(SamplingParams(top_k=KSA.CAND_MAX)) == labels(PARAMS["default"])
     for p in (PARAMS["wider"], PARAMS["top_p_only"]):
         assert "sample_radix8" not in labels(p) and "sample_draw" in labels(p)
+    # Rows of both paths in one step: each entry point runs once over both slots.
+    both = labels(PARAMS["default"], PARAMS["top_p_only"])
+    assert both == labels(PARAMS["default"]) + labels(PARAMS["top_p_only"])
+    assert labels(PARAMS["top_p_only"]).count("sample_radix") == 8  # top_p's rounds only
+
+
+def test_slots_of_one_step_draw_alone(gpu, kernels):
+    """Many slots in one set of dispatches, mixed paths, penalties and positions: each slot's
+    token is the twin's draw from its own row with its own settings."""
+    rng = np.random.default_rng(3)
+    n, S = 3001, 9
+    logits = rng.normal(0, 2, (S, n)).astype(np.float32)
+    history = rng.integers(0, n, 40).tolist()
+    pen = SamplingParams(temperature=0.9, top_k=30, repeat_penalty=2.0, presence_penalty=1.0, repeat_last_n=16)
+    params = [PARAMS[k] for k in PARAMS] + [pen, SamplingParams(temperature=0.0, frequency_penalty=3.0)]
+    x = storage(gpu, logits.reshape(-1))
+    out = storage(gpu, 4 * S)
+    positions = np.array([5 + 3 * j for j in range(S)], np.uint32)
+    state = storage(gpu, positions - 1)
+    ss = StepSampling(kernels, n, 64, state, slots=S)
+    rows = [(j, S - 1 - j, j, params[j], 100 + j, history[: int(positions[j])]) for j in range(S)]
+    runtime.run(gpu, ss.load(x, out, rows))
+    got = runtime.read(gpu, out, np.uint32, S)[::-1].tolist()
+    want = [ref.sample(logits[j], params[j], 100 + j, int(positions[j]), history[: int(positions[j])]) for j in range(S)]
+    assert got == want
 
 
 @pytest.mark.parametrize("vec", list(VECTORS))
