@@ -38,10 +38,11 @@ def choose_backend(name: str) -> tuple[str, str | None]:
     return "gpu", None
 
 
-def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks: int | None = None,
+def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks=None,
                  max_seqs: int = 1) -> "Backend":
     """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build.
-    `kv_blocks`: the KV store's size in blocks (default: one context); `max_seqs`: sequences per step."""
+    `kv_blocks`: the KV store's size in blocks (default: one context), or a kvpool.KVBudget;
+    `max_seqs`: sequences per step."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
@@ -69,6 +70,10 @@ class Backend(Protocol):
     def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
         """k steps of a batch of decode rows (greedy, or drawn by the device's sampler), tokens
         kept on the device (multi_step > 1)."""
+        ...
+
+    def free_memory(self) -> tuple[int, str] | None:
+        """(free bytes, where) of the memory the KV store takes (kvpool.KVBudget), or None."""
         ...
 
     def samples(self, params: SamplingParams) -> bool:

@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from infr.backends import choose_backend, make_backend
-from infr.kvpool import BLOCK_SIZE, BlockPool
+from infr.kvpool import BLOCK_SIZE, BlockPool, KVBudget
 from infr.chat import ChatTemplate
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile, open_gguf
@@ -54,7 +54,8 @@ class Stats:
 
 class Model:
     """A loaded model. `parallel`: sequences the engine runs at once; `kv_tokens`: the KV pool's
-    capacity in tokens (default: n_ctx for each of them); `batch_tokens`: rows per step at most."""
+    capacity in tokens (default: n_ctx for each of them), or a kvpool.KVBudget (a fraction of the
+    memory free after the weights); `batch_tokens`: rows per step at most."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
                  parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512):
@@ -76,14 +77,18 @@ class Model:
             raise InfrError(f"parallel must be at least 1, got {parallel}")
         self.n_ctx = n_ctx
         kv_tokens = kv_tokens if kv_tokens is not None else n_ctx * parallel
-        if kv_tokens < min(n_ctx, BLOCK_SIZE):
-            raise InfrError(f"a KV cache of {kv_tokens} tokens is too small (at least {min(n_ctx, BLOCK_SIZE)})")
+        if isinstance(kv_tokens, KVBudget):  # a fraction of free memory: the backend sizes it after the weights
+            kv = kv_tokens
+        else:
+            if kv_tokens < min(n_ctx, BLOCK_SIZE):
+                raise InfrError(f"a KV cache of {kv_tokens} tokens is too small (at least {min(n_ctx, BLOCK_SIZE)})")
+            kv = -(-kv_tokens // BLOCK_SIZE)
         self.backend_name, self.backend_note = choose_backend(backend)
-        n_blocks = -(-kv_tokens // BLOCK_SIZE)
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
         self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
-                                    kv_blocks=n_blocks, max_seqs=parallel)
-        self.pool = BlockPool(n_blocks, BLOCK_SIZE)
+                                    kv_blocks=kv, max_seqs=parallel)
+        self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
+        self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
         self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
                                 parallel=parallel, batch_tokens=batch_tokens)
 

@@ -20,11 +20,50 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from infr.errors import InfrError
+
 BLOCK_SIZE = 32  # tokens per block: a prefix hit is rounded down to it
 
 
 class PoolFull(Exception):
     """No block is free or evictable."""
+
+
+class KVBudget:
+    """A KV store sized as a fraction of the memory its backend finds free once the weights are
+    in (`--kv-size 0.9` or `90%`): the backend calls blocks() before it allocates the store."""
+
+    def __init__(self, fraction: float):
+        if not 0 < fraction <= 1:
+            raise InfrError(f"a KV cache fraction must lie in (0, 1], got {fraction}")
+        self.fraction = fraction
+        self.note = ""  # how it was sized, once blocks() ran: for the start-up report
+
+    def blocks(self, backend, block_size: int) -> int:
+        free = backend.free_memory()
+        if free is None:
+            raise InfrError(f"--kv-size as a fraction needs the free memory of the {backend.name} backend's device, "
+                            "which it cannot query here; give the KV cache size in tokens")
+        n = int(self.fraction * free[0]) // (backend.kv_bytes_per_token * block_size)
+        self.note = f"{self.fraction:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]}"
+        if n < 1:
+            raise InfrError(f"--kv-size {self.fraction:g}: {self.note} holds no KV block")
+        return n
+
+
+def parse_kv_size(text: str) -> "int | KVBudget":
+    """`--kv-size`: tokens (an integer), or a fraction of the free memory (0.9 or 90%)."""
+    t = str(text).strip()
+    try:
+        if t.endswith("%"):
+            return KVBudget(float(t[:-1]) / 100)
+        if t.isdigit():
+            if int(t) < 1:
+                raise ValueError(t)
+            return int(t)
+        return KVBudget(float(t))
+    except ValueError:
+        raise InfrError(f"--kv-size takes tokens (4096) or a fraction of free memory (0.9, 90%), got {text!r}") from None
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: bytes = b"") -> list[bytes]:

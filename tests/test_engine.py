@@ -180,3 +180,37 @@ def test_session_prefill_decode_follow_the_engine(smollm2_path):
     again = s.prefill(ids[:50] + [7, 8])  # rewinds to 50 tokens, computes 2 (block-aligned reuse)
     assert s.stats.reused_tokens >= 32
     assert np.allclose(again, alone.forward(ids[:50] + [7, 8], 0)[-1], atol=1e-3)
+
+
+def test_kv_size_as_a_fraction_of_free_memory(smollm2_path, monkeypatch):
+    """`--kv-size 0.02` / `2%`: the backend sizes its store from the memory free once the weights
+    are in (RAM for the CPU reference), the pool takes every block of it, and the start-up note
+    says so; tokens stay tokens; bad values and an unknowable free size are clear errors."""
+    import argparse
+
+    from infr import memory
+    from infr.kvpool import KVBudget, parse_kv_size
+    from infr.serve.server import config_from_args
+
+    assert parse_kv_size("4096") == 4096
+    assert parse_kv_size("2%").fraction == parse_kv_size("0.02").fraction == 0.02
+    for bad in ("0", "1.5", "-3%", "lots", "0x10"):
+        with pytest.raises(InfrError):
+            parse_kv_size(bad)
+    monkeypatch.setattr(memory, "free_ram", lambda: 6 << 30)  # 6 GiB free, whatever this machine has
+    budget = parse_kv_size("2%")
+    model = Model(smollm2_path, n_ctx=256, backend="cpu", parallel=2, kv_tokens=budget)
+    per_block = model.backend.kv_bytes_per_token * model.pool.block_size
+    assert model.pool.n_blocks == model.backend.n_blocks == int(0.02 * (6 << 30)) // per_block
+    assert model.kv_note == "2% of 6.0 GiB free RAM"
+    r = model.engine.submit(Request([1, 2, 3], GREEDY, max_new=4, ignore_eos=True))
+    model.engine.run_until(lambda: r.done)
+    assert r.error is None and len(r.output) == 4
+    monkeypatch.setattr(memory, "free_ram", lambda: None)
+    with pytest.raises(InfrError, match="give the KV cache size in tokens"):
+        Model(smollm2_path, n_ctx=256, backend="cpu", kv_tokens=KVBudget(0.5))
+    monkeypatch.setenv("INFR_KV_SIZE", "150%")
+    with pytest.raises(InfrError, match="INFR_KV_SIZE"):
+        config_from_args(argparse.Namespace(model=None))
+    monkeypatch.setenv("INFR_KV_SIZE", "90%")
+    assert config_from_args(argparse.Namespace(model=None)).kv_size.fraction == 0.9

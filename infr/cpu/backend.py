@@ -18,7 +18,8 @@ from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
-from infr.kvpool import BLOCK_SIZE
+from infr.kvpool import BLOCK_SIZE, KVBudget
+from infr.memory import free_ram_bytes
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan, bind
 from infr.sampling import host_sample
@@ -32,7 +33,7 @@ class CPUBackend:
     name = "cpu"
     multi_step = 1  # the engine runs one step per call (each step's tokens are known at once)
 
-    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: int | None = None,
+    def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: "int | KVBudget | None" = None,
                  block_size: int = BLOCK_SIZE):
         self.gf, self.n_ctx = gf, n_ctx
         for name in plan.weights():
@@ -44,6 +45,8 @@ class CPUBackend:
         self.w.load_all(plan.weights(), skip=frozenset() if plan.spec.tied_embeddings else {embed_table})
         self.block_size = int(block_size)
         self.blocks_per_seq = -(-n_ctx // self.block_size)
+        if isinstance(kv_blocks, KVBudget):  # sized now: the weights are in
+            kv_blocks = kv_blocks.blocks(self, self.block_size)
         self.n_blocks = max(int(kv_blocks or 0), self.blocks_per_seq)
         rows = self.n_blocks * self.block_size
         self.k_cache: dict[int, np.ndarray] = {}
@@ -95,6 +98,9 @@ class CPUBackend:
         res = StepResult([host_sample(o, logits[i]) for i, o in enumerate(outs)])
         res.logits = {i: logits[i] for i, o in enumerate(outs) if o.want_logits}
         return res
+
+    def free_memory(self) -> tuple[int, str] | None:
+        return free_ram_bytes()
 
     def samples(self, params) -> bool:
         """The reference draws every sampled row with the request's host sampler (infr/sampling.py)."""

@@ -25,6 +25,8 @@ import numpy as np
 from infr.batch import Batch, OutputRow, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
+from infr.kvpool import KVBudget
+from infr.memory import free_device_bytes
 from infr.numerics import check_supported, has_penalties
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_mask as KMask
@@ -50,11 +52,11 @@ class GPUBackend:
     name = "gpu"
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
-                 progress=None, kv_blocks: int | None = None, block_size: int = KS.BLOCK_SIZE,
+                 progress=None, kv_blocks: "int | KVBudget | None" = None, block_size: int = KS.BLOCK_SIZE,
                  max_seqs: int = MAX_SEQS):
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         self.block_size, self.max_seqs = block_size, max_seqs
-        self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth)
+        self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth; a KVBudget: free VRAM's)
         self.dev = dev or get_device()
         profile.install_from_env()
         self.kern = kernels or _shared_kernels(self.dev)
@@ -100,6 +102,8 @@ class GPUBackend:
         slot 0) and the graphs that bind them (the decode graph built now)."""
         spec, BS = self.plan.spec, self.block_size
         self.blocks_per_seq = -(-self.n_ctx // BS)  # a block table row: one context
+        if isinstance(self.kv_blocks, KVBudget):  # sized now: the weights are in
+            self.kv_blocks = self.kv_blocks.blocks(self, BS)
         self.n_blocks = max(self.kv_blocks or 0, self.blocks_per_seq)  # the store, shared by every slot
         self.buffers: dict[str, list] = {}
         for name in self.widths:
@@ -332,6 +336,9 @@ class GPUBackend:
                 if outs[i].want_logits:
                     res.logits[i] = logits[i].copy()
         return res
+
+    def free_memory(self) -> tuple[int, str] | None:
+        return free_device_bytes(self.dev)
 
     def samples(self, params: SamplingParams) -> bool:
         """Whether step() draws rows with these settings on the GPU (a row without a host sampler):

@@ -7,6 +7,7 @@ import logging
 import os
 
 from infr.errors import InfrError
+from infr.kvpool import parse_kv_size
 
 # flag -> (INFR_* variable, type, default)
 SERVE_OPTIONS = {
@@ -16,7 +17,7 @@ SERVE_OPTIONS = {
     "ctx": ("INFR_CTX", int, 4096),
     "parallel": ("INFR_PARALLEL", int, 1),
     "batch_tokens": ("INFR_BATCH_TOKENS", int, 512),
-    "kv_size": ("INFR_KV_SIZE", int, None),
+    "kv_size": ("INFR_KV_SIZE", parse_kv_size, None),
     "backend": ("INFR_BACKEND", str, "auto"),
     "alias": ("INFR_MODEL_ALIAS", str, None),
 }
@@ -25,7 +26,8 @@ SERVE_OPTIONS = {
 _HELP = {
     "parallel": "sequences the engine runs at once (continuous batching) ",
     "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
-    "kv_size": "KV cache capacity in tokens, shared by all sequences (default: ctx x parallel) ",
+    "kv_size": "KV cache capacity shared by all sequences: tokens, or a fraction of the memory free after the "
+               "weights (0.9 or 90%%) (default: ctx x parallel) ",
 }
 
 
@@ -51,12 +53,14 @@ def config_from_args(args: argparse.Namespace):
                 value = typ(os.environ[env])
             except ValueError:
                 raise InfrError(f"{env}={os.environ[env]!r} is not a valid {typ.__name__}") from None
+            except InfrError as e:
+                raise InfrError(f"{env}: {e}") from None
         opts[name] = default if value is None else value
     if opts["parallel"] < 1:
         raise InfrError(f"--parallel must be >= 1, got {opts['parallel']}")
     if opts["batch_tokens"] < opts["parallel"]:
         raise InfrError(f"--batch-tokens ({opts['batch_tokens']}) must be at least --parallel ({opts['parallel']})")
-    if opts["kv_size"] is not None and opts["kv_size"] < 32:
+    if isinstance(opts["kv_size"], int) and opts["kv_size"] < 32:
         raise InfrError(f"--kv-size must be >= 32 tokens, got {opts['kv_size']}")
     if opts["ctx"] < 16:
         raise InfrError(f"--ctx must be >= 16, got {opts['ctx']}")

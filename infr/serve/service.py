@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infr.errors import InfrError
+from infr.kvpool import KVBudget  # noqa: F401 (Config.kv_size)
 from infr.sampling import SamplingError, SamplingParams
 from infr.serve import generation
 from infr.serve.errors import APIError
@@ -35,7 +36,7 @@ class Config:
     ctx: int = 4096
     parallel: int = 1
     batch_tokens: int = 512  # rows per engine step at most (chunked prefill)
-    kv_size: int | None = None  # KV pool capacity in tokens (default: ctx for each parallel sequence)
+    kv_size: "int | KVBudget | None" = None  # KV pool capacity: tokens or a fraction of free memory (default: ctx each)
     backend: str = "auto"
     model_alias: str | None = None
 
@@ -103,10 +104,11 @@ class Service:
         self.model = model
         note = f" ({model.backend_note})" if model.backend_note else ""
         pool = model.pool
+        sized = f"; {model.kv_note}" if model.kv_note else ""
         log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
-                 "%.1f MiB), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
+                 "%.1f MiB%s), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size,
-                 pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, cfg.batch_tokens)
+                 pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, sized, cfg.batch_tokens)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
         self._thread.start()
