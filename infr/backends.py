@@ -6,6 +6,7 @@ import only this.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Protocol
 
 import numpy as np
@@ -67,9 +68,10 @@ class Backend(Protocol):
         """Every row of the batch through the model; one sampled token per output row."""
         ...
 
-    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+    def decode_steps(self, batch: Batch, k: int) -> Generator[list[int], None, None]:
         """k steps of a batch of decode rows (greedy, or drawn by the device's sampler), tokens
-        kept on the device (multi_step > 1)."""
+        kept on the device (multi_step > 1): each step's tokens as they come back; closing it
+        early lets the steps in flight finish."""
         ...
 
     def free_memory(self) -> tuple[int, str] | None:

@@ -215,9 +215,11 @@ class Scheduler:
     def _multi_step(self) -> bool:
         """Several decode steps in one backend call (tokens stay on the device) when every running
         request is decoding, greedy or drawn by the device's sampler, with nothing to check per token
-        and nobody waits: up to backend.multi_step steps, as many as the closest finish allows.
-        A request that ends part-way (end-of-generation, a stop string) drops the rest of its
-        tokens; the KV they wrote is past its end and goes with its blocks."""
+        and nobody waits: up to backend.multi_step steps, as many as the closest finish allows. The
+        tokens come back a few steps at a time and are handed out as they come; a new request or a
+        cancellation ends the call early. A request that ends part-way (end-of-generation, a stop
+        string) drops the rest of its tokens; the KV they wrote is past its end and goes with its
+        blocks."""
         k = self.backend.multi_step
         run = self.running
         if k < 2 or self.waiting or not run or len(run) > 64:
@@ -235,28 +237,39 @@ class Scheduler:
                 return False  # the normal step preempts as needed
         outputs = [OutputRow(i, r.params) for i, r in enumerate(run)]
         batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks, len(r.prompt)) for r in run], outputs)
-        t0 = time.perf_counter()
         try:
             steps = self.backend.decode_steps(batch, k)
         except Exception as e:
             for r in run:
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")
             raise
-        dt = (time.perf_counter() - t0) / k
-        for tokens in steps:
-            live = [r for r in run if not r.done]
-            if not live:
-                break
-            self.stats.add_step(len(live), len(live), dt)
-            for r, token in zip(run, tokens):
-                if r.done:
-                    continue
-                r.computed += 1
-                self._register_full_blocks(r)
-                try:
-                    self._accept(r, int(token), None)
-                except Exception as e:
+        t0 = time.perf_counter()
+        try:
+            for tokens in steps:  # each step's tokens as the backend hands them over
+                now = time.perf_counter()
+                live = [r for r in run if not r.done]
+                if not live:
+                    break
+                self.stats.add_step(len(live), len(live), now - t0)
+                t0 = now
+                for r, token in zip(run, tokens):
+                    if r.done:
+                        continue
+                    r.computed += 1
+                    self._register_full_blocks(r)
+                    try:
+                        self._accept(r, int(token), None)
+                    except Exception as e:
+                        self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+                if self._inbox or any(r.cancelled for r in run):
+                    break  # someone new waits, or left: the next step schedules them (the steps in flight are dropped)
+        except Exception as e:
+            for r in run:
+                if not r.done:
                     self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            steps.close()  # the steps still in flight finish; their KV lies past what the requests keep
         return True
 
     def run_until(self, done: Callable[[], bool]) -> None:

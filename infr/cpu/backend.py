@@ -9,7 +9,7 @@ rows reads each weight once; attention runs per sequence over its own keys.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Generator
 
 import numpy as np
 
@@ -106,15 +106,13 @@ class CPUBackend:
         """The reference draws every sampled row with the request's host sampler (infr/sampling.py)."""
         return False
 
-    def decode_steps(self, batch: Batch, k: int) -> list[list[int]]:
+    def decode_steps(self, batch: Batch, k: int) -> Generator[list[int], None, None]:
         """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next."""
-        out = []
         for _ in range(k):
             tokens = self.step(batch).tokens
-            out.append(tokens)
+            yield tokens
             batch = Batch(np.asarray(tokens, np.int32), batch.positions + 1, batch.slots, batch.tables, batch.outputs,
                           np.ones(batch.rows, bool))
-        return out
 
     # --- execution
 

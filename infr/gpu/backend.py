@@ -18,7 +18,8 @@ writes the other half of a ping-pong pair.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Generator
 
 import numpy as np
 
@@ -117,6 +118,7 @@ class GPUBackend:
         self._identity = True  # whether block_table holds identity_table (run_rows writes others)
         self.paging = KS.Paging(self.state, self.rows, self.block_table, BS, self.blocks_per_seq)
         self.token_log = storage(self.dev, 4 * TOKEN_LOG, label="token_log")
+        self._free_staging: list = []  # mappable buffers the decode steps' token ids come back in
         self.k_cache, self.v_cache = {}, {}
         n_rows = self.n_blocks * BS
         for layer in spec.layers:
@@ -381,15 +383,18 @@ class GPUBackend:
         q.write_buffer(self.ids, 0, ids)
         KS.write_rows(self.dev, self.paging, pos, slots, n)
 
-    multi_step = 16  # greedy decode steps the engine may run per call of decode_steps
+    multi_step = 64  # decode steps the engine may run per call of decode_steps (tokens stream back every few)
 
-    def decode_steps(self, batch: Batch, k: int, per_submit: int = 4) -> list[list[int]]:
+    def decode_steps(self, batch: Batch, k: int, per_submit: int = 4, depth: int = 3) -> Generator[list[int], None, None]:
         """k steps of a batch of decode rows (row t: one sequence's next token, every row an
         output row), tokens kept on the GPU: each step's argmax, or a sampled row's GPU sampler
         (seeded: the draw hashes (seed, position), as step() draws it), writes the next step's
-        ids, the step kernel logs them and advances every row; the host encodes submit j + 1
-        while the GPU runs submit j and reads the k x rows token log once. Returns each step's
-        tokens, in row order. The caller owns blocks for every position the k steps write."""
+        ids, the step kernel logs them and advances every row. Yields each step's tokens, in row
+        order, as they come back: each submit of `per_submit` steps copies its part of the token
+        log into a staging buffer mapped asynchronously, and `depth` submits stay in flight, so the
+        host hands out tokens while the GPU runs the next steps. Closing the iterator early lets
+        the steps in flight finish (their KV lies past what the caller keeps). The caller owns
+        blocks for every position the k steps write. Bad input raises here, at the call."""
         L = batch.rows
         outs = batch.outputs
         if L != len(outs) or [o.row for o in outs] != list(range(L)):
@@ -406,7 +411,6 @@ class GPUBackend:
         self._load_rows(batch, T)
         q = self.dev.device.queue
         q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
-        start = int(batch.positions.max())
         timer = profile.timer_for(self.dev)
         drawn = [(t, t, 2 * t, o.params, _seed(o.params), ()) for t, o in enumerate(outs) if not o.params.greedy]
         steps = {far: self._multi_step(T, far, drawn) for far in (False, True)}
@@ -415,22 +419,55 @@ class GPUBackend:
             per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
             if longest + 1 > profile.CAPACITY:
                 timer = None
+        return self._stream_steps(steps, int(batch.positions.max()), L, k, per_submit, depth, timer)
+
+    def _stream_steps(self, steps, start: int, L: int, k: int, per_submit: int, depth: int, timer):
+        q = self.dev.device.queue
+        pending: deque = deque()
         done = 0
-        while done < k:
-            n = min(per_submit, k - done)
-            with profile.HostClock(timer, "encode"):
-                enc = self.dev.device.create_command_encoder()
-                cpass = enc.begin_compute_pass()
-                for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
-                    steps[far].encode(cpass, times=times, timer=timer)
-                cpass.end()
-                cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens
-            with profile.HostClock(timer, "submit"):
-                q.submit([cmd])
-            done += n
-        with profile.HostClock(timer, "wait"):
-            log = np.frombuffer(q.read_buffer(self.token_log, 0, 4 * k * L), np.uint32)
-        return log.reshape(k, L).tolist()
+        try:
+            while done < k or pending:
+                while done < k and len(pending) < depth:
+                    n = min(per_submit, k - done)
+                    with profile.HostClock(timer, "encode"):
+                        enc = self.dev.device.create_command_encoder()
+                        cpass = enc.begin_compute_pass()
+                        for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
+                            steps[far].encode(cpass, times=times, timer=timer)
+                        cpass.end()
+                        buf = self._staging(4 * n * L)
+                        enc.copy_buffer_to_buffer(self.token_log, 4 * done * L, buf, 0, 4 * n * L)
+                        cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens
+                    with profile.HostClock(timer, "submit"):
+                        q.submit([cmd])
+                    pending.append((buf, buf.map_async("READ", 0, 4 * n * L), n))
+                    done += n
+                buf, promise, n = pending.popleft()
+                with profile.HostClock(timer, "wait"):
+                    promise.sync_wait()
+                tokens = np.frombuffer(buf.read_mapped(0, 4 * n * L), np.uint32).reshape(n, L).tolist()
+                buf.unmap()
+                self._free_staging.append(buf)
+                yield from tokens
+        finally:  # closed early, or failed: settle the maps in flight
+            for buf, promise, _ in pending:
+                try:
+                    promise.sync_wait()
+                    buf.unmap()
+                    self._free_staging.append(buf)
+                except Exception:  # the device is gone: nothing to keep
+                    pass
+
+    def _staging(self, size: int):
+        """A mappable buffer of at least `size` bytes for token ids, from the free ring."""
+        import wgpu
+
+        for i, buf in enumerate(self._free_staging):
+            if buf.size >= size:
+                return self._free_staging.pop(i)
+        return self.dev.device.create_buffer(size=max(256, -(-size // 256) * 256),
+                                             usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                             label="token staging")
 
     def _multi_step(self, T: int, far: bool, drawn=()) -> Recording:
         """One step of T decode rows (the graph with every row an output row): argmax into ids,

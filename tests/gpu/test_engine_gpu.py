@@ -47,3 +47,33 @@ def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F
     calls.clear()
     monkeypatch.setattr(model.backend, "multi_step", 1)  # every token its own step(batch)
     assert _run(model, PROMPTS[:3], cache_prompt=False) == multi and not calls
+
+
+def test_arrival_during_multi_step_decode(gpu, tiny_path):  # noqa: F811
+    """A request that arrives while the engine is in a long multi-step call is taken at the next
+    few steps (the call ends early, tokens handed out as they came back), and every output
+    equals its request run alone."""
+    model = Model(tiny_path, n_ctx=128, backend="gpu", parallel=3)
+    n = 40
+
+    def alone(p):
+        r = model.engine.submit(Request(list(p), GREEDY, max_new=n, ignore_eos=True, cache_prompt=False))
+        model.engine.run_until(lambda: r.done)
+        return r.output
+
+    want = [alone(p) for p in PROMPTS[:2]]
+    late: list = []
+    seen = []
+
+    def on_token(token, _logits):
+        seen.append(token)
+        if len(seen) == 12 and not late:  # in the middle of the first request's decode
+            late.append(model.engine.submit(Request(list(PROMPTS[1]), GREEDY, max_new=n, ignore_eos=True,
+                                                    cache_prompt=False)))
+        return False
+
+    first = model.engine.submit(Request(list(PROMPTS[0]), GREEDY, max_new=n, ignore_eos=True,
+                                        cache_prompt=False, on_token=on_token))
+    model.engine.run_until(lambda: first.done and bool(late) and late[0].done)
+    assert [first.output, late[0].output] == want
+    assert late[0].t_first < first.t_done  # it did not wait for the first to end

@@ -121,7 +121,7 @@ def test_decode_steps_draw_what_single_steps_draw(backend):
         chunks = [(s, [t], len(PROMPTS[s]) + k, _table(s), len(PROMPTS[s])) for s, t in enumerate(tokens)]
         return Batch.build(chunks, [OutputRow(s, p) for s, p in enumerate(rows)])
 
-    many = backend.decode_steps(decode(start, 0), 6, per_submit=4)
+    many = list(backend.decode_steps(decode(start, 0), 6, per_submit=4))
     one, tokens = [], start
     for k in range(6):
         tokens = backend.step(decode(tokens, k)).tokens
