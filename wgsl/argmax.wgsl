@@ -30,20 +30,7 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     _ = out[0];  // both entry points use every binding: one bind group layout serves both
     let lo = wid.x * params.per;
     let hi = min(params.n, lo + params.per);
-    let row = wid.y * params.n;
-    var bv = -3.4028235e38;
-    var bi = NONE;
-    // Increasing index order within an invocation, so a strict > keeps its first maximum.
-    for (var i = lo + tid; i < hi; i += WG) {
-        let v = x[row + i];
-        if (v > bv || bi == NONE) {
-            bv = v;
-            bi = i;
-        }
-    }
-    best_v[tid] = bv;
-    best_i[tid] = bi;
-    reduce_best(tid);
+    best_of_slice(wid.y * params.n, lo, hi, tid);
     if (tid == 0u) {
         best[wid.y * params.parts + wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
     }

@@ -212,19 +212,7 @@ fn slice_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         return;
     }
     let lo = wid.x * params.slice;
-    let hi = min(params.n, lo + params.slice);
-    var bv = -3.4028235e38;
-    var bi = NONE;
-    for (var i = lo + tid; i < hi; i += WG) {  // increasing index: a strict > keeps the first maximum
-        let v = xv(i);
-        if (v > bv || bi == NONE) {
-            bv = v;
-            bi = i;
-        }
-    }
-    best_v[tid] = bv;
-    best_i[tid] = bi;
-    reduce_best(tid);
+    best_of_slice(params.x_off, lo, min(params.n, lo + params.slice), tid);
     if (tid == 0u) {
         scratch[params.scratch_off + PMAX + 2u * wid.x] = bitcast<u32>(best_v[0]);
         scratch[params.scratch_off + PMAX + 2u * wid.x + 1u] = best_i[0];
