@@ -39,15 +39,24 @@ class KVBudget:
         self.fraction = fraction
         self.note = ""  # how it was sized, once blocks() ran: for the start-up report
 
-    def blocks(self, backend, block_size: int) -> int:
+    RESERVE = 512 << 20  # bytes left for what the backend allocates after its store (graphs, scratch)
+
+    def blocks(self, backend, block_size: int, min_blocks: int = 1, max_blocks: int | None = None) -> int:
+        """Blocks of `block_size` tokens in the fraction of the free memory (less RESERVE), at most
+        max_blocks (a per-layer buffer's binding limit); fewer than min_blocks (one context) is
+        an error, not a larger store than asked for."""
         free = backend.free_memory()
         if free is None:
             raise InfrError(f"--kv-size as a fraction needs the free memory of the {backend.name} backend's device, "
                             "which it cannot query here; give the KV cache size in tokens")
-        n = int(self.fraction * free[0]) // (backend.kv_bytes_per_token * block_size)
+        n = int(self.fraction * max(0, free[0] - self.RESERVE)) // (backend.kv_bytes_per_token * block_size)
         self.note = f"{self.fraction:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]}"
-        if n < 1:
-            raise InfrError(f"--kv-size {self.fraction:g}: {self.note} holds no KV block")
+        if max_blocks is not None and n > max_blocks:
+            n = max_blocks
+            self.note += ", capped by the device's largest buffer binding"
+        if n < min_blocks:
+            raise InfrError(f"--kv-size {self.fraction:g}: {self.note} holds {n * block_size} tokens, "
+                            f"less than one context ({min_blocks * block_size}); give more, or a smaller --ctx")
         return n
 
 

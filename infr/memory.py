@@ -53,7 +53,7 @@ def free_nvidia(device_id: int | None) -> int | None:
         count = ctypes.c_uint()
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             return None
-        frees, match = [], None
+        frees, matches = [], []
         for i in range(count.value):
             handle = ctypes.c_void_p()
             if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
@@ -64,8 +64,11 @@ def free_nvidia(device_id: int | None) -> int | None:
             frees.append(int(mem.free))
             if device_id is not None and nvml.nvmlDeviceGetPciInfo_v3(handle, ctypes.byref(pci)) == 0:
                 if pci.pci_device_id >> 16 == device_id:  # (device << 16) | vendor
-                    match = int(mem.free)
-        return match if match is not None else (frees[0] if len(frees) == 1 else None)
+                    matches.append(int(mem.free))
+        # Identical cards all match (the adapter names no bus): the least free of them, to be safe.
+        return min(matches) if matches else (frees[0] if len(frees) == 1 else None)
+    except AttributeError:  # an older libnvidia-ml without one of these entry points
+        return None
     finally:
         nvml.nvmlShutdown()
 

@@ -201,11 +201,14 @@ def test_kv_size_as_a_fraction_of_free_memory(smollm2_path, monkeypatch):
     budget = parse_kv_size("2%")
     model = Model(smollm2_path, n_ctx=256, backend="cpu", parallel=2, kv_tokens=budget)
     per_block = model.backend.kv_bytes_per_token * model.pool.block_size
-    assert model.pool.n_blocks == model.backend.n_blocks == int(0.02 * (6 << 30)) // per_block
+    assert model.pool.n_blocks == model.backend.n_blocks == int(0.02 * ((6 << 30) - KVBudget.RESERVE)) // per_block
     assert model.kv_note == "2% of 6.0 GiB free RAM"
     r = model.engine.submit(Request([1, 2, 3], GREEDY, max_new=4, ignore_eos=True))
     model.engine.run_until(lambda: r.done)
     assert r.error is None and len(r.output) == 4
+    monkeypatch.setattr(memory, "free_ram", lambda: 600 << 20)  # 88 MiB past the reserve: 2% is not one context
+    with pytest.raises(InfrError, match="less than one context"):
+        Model(smollm2_path, n_ctx=256, backend="cpu", kv_tokens=KVBudget(0.02))
     monkeypatch.setattr(memory, "free_ram", lambda: None)
     with pytest.raises(InfrError, match="give the KV cache size in tokens"):
         Model(smollm2_path, n_ctx=256, backend="cpu", kv_tokens=KVBudget(0.5))
@@ -214,3 +217,8 @@ def test_kv_size_as_a_fraction_of_free_memory(smollm2_path, monkeypatch):
         config_from_args(argparse.Namespace(model=None))
     monkeypatch.setenv("INFR_KV_SIZE", "90%")
     assert config_from_args(argparse.Namespace(model=None)).kv_size.fraction == 0.9
+    from infr.cli import _parser as build_parser
+
+    with pytest.raises(SystemExit):  # a usage error on the command line, not a traceback
+        build_parser().parse_args(["serve", "--kv-size", "2x"])
+    assert build_parser().parse_args(["serve", "--kv-size", "75%"]).kv_size.fraction == 0.75

@@ -16,15 +16,18 @@
 // (seed, position, token id): an exact draw from the filtered softmax with no
 // prefix sums, and reproducible bit for bit in numpy.
 //
-// Entry points and dispatches (all share one bind group layout):
-//   penalize (1,1,1)        repeat/presence/frequency penalties in place on x
-//   (argmax.wgsl `partial`, slice = 4096, writes each slice's (max, index) at scratch[PMAX])
-//   radix    (parts,1,1)    one radix round of job step.job (0 top_k, 1 top_p)
-//   draw     (parts,rows,1) per-slice Gumbel winner of each row
-//   merge    (rows,1,1)     out[out_off + row] = the winner
+// Entry points and dispatches (all share one bind group layout; z: the step's S slots):
+//   penalize  (1,1,S)        repeat/presence/frequency penalties in place on x
+//   slice_max (parts,1,S)    each slice's (max, lowest index) at scratch[PMAX]
+//   radix     (parts,1,S)    one radix round of job step.job (0 top_k, 1 top_p)
+//   draw      (parts,rows,S) per-slice Gumbel winner of each row
+//   merge     (rows,1,S)     out[out_off + row] = the winner
 // Row r draws for position state[pos_at] + 1 + r; the logits are x[x_off ..], so a step's
 // output rows each sample their own row of one logits buffer (kernels_sample.StepSampling).
 // With top_k on (k <= CAND_MAX) sample_topk.wgsl runs the chain instead, in 6 dispatches.
+// Barriers sit under branches on the slot's settings: uniform per workgroup (the slot is
+// workgroup_id.z), which naga accepts; a stricter compiler (Tint) would want them read from
+// `slots` directly.
 
 
 // #include sample_common

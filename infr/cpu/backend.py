@@ -46,7 +46,7 @@ class CPUBackend:
         self.block_size = int(block_size)
         self.blocks_per_seq = -(-n_ctx // self.block_size)
         if isinstance(kv_blocks, KVBudget):  # sized now: the weights are in
-            kv_blocks = kv_blocks.blocks(self, self.block_size)
+            kv_blocks = kv_blocks.blocks(self, self.block_size, self.blocks_per_seq)
         self.n_blocks = max(int(kv_blocks or 0), self.blocks_per_seq)
         rows = self.n_blocks * self.block_size
         self.k_cache: dict[int, np.ndarray] = {}

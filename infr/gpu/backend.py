@@ -104,7 +104,9 @@ class GPUBackend:
         spec, BS = self.plan.spec, self.block_size
         self.blocks_per_seq = -(-self.n_ctx // BS)  # a block table row: one context
         if isinstance(self.kv_blocks, KVBudget):  # sized now: the weights are in
-            self.kv_blocks = self.kv_blocks.blocks(self, BS)
+            widest = max(la.attention.n_kv_heads * max(la.attention.head_dim, la.attention.v_head_dim)
+                         for la in spec.layers) * 2  # bytes a token takes in one layer's K or V buffer
+            self.kv_blocks = self.kv_blocks.blocks(self, BS, self.blocks_per_seq, self.dev.max_binding // (widest * BS))
         self.n_blocks = max(self.kv_blocks or 0, self.blocks_per_seq)  # the store, shared by every slot
         self.buffers: dict[str, list] = {}
         for name in self.widths:

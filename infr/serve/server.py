@@ -9,6 +9,14 @@ import os
 from infr.errors import InfrError
 from infr.kvpool import parse_kv_size
 
+def _kv_size(text: str):
+    """--kv-size: tokens or a fraction of free memory; a bad value is a usage error, not a traceback."""
+    try:
+        return parse_kv_size(text)
+    except InfrError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # flag -> (INFR_* variable, type, default)
 SERVE_OPTIONS = {
     "host": ("INFR_HOST", str, "127.0.0.1"),
@@ -17,7 +25,7 @@ SERVE_OPTIONS = {
     "ctx": ("INFR_CTX", int, 4096),
     "parallel": ("INFR_PARALLEL", int, 1),
     "batch_tokens": ("INFR_BATCH_TOKENS", int, 512),
-    "kv_size": ("INFR_KV_SIZE", parse_kv_size, None),
+    "kv_size": ("INFR_KV_SIZE", _kv_size, None),
     "backend": ("INFR_BACKEND", str, "auto"),
     "alias": ("INFR_MODEL_ALIAS", str, None),
 }
@@ -53,7 +61,7 @@ def config_from_args(args: argparse.Namespace):
                 value = typ(os.environ[env])
             except ValueError:
                 raise InfrError(f"{env}={os.environ[env]!r} is not a valid {typ.__name__}") from None
-            except InfrError as e:
+            except argparse.ArgumentTypeError as e:
                 raise InfrError(f"{env}: {e}") from None
         opts[name] = default if value is None else value
     if opts["parallel"] < 1:

@@ -77,3 +77,29 @@ def test_arrival_during_multi_step_decode(gpu, tiny_path):  # noqa: F811
     model.engine.run_until(lambda: first.done and bool(late) and late[0].done)
     assert [first.output, late[0].output] == want
     assert late[0].t_first < first.t_done  # it did not wait for the first to end
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m"])
+def test_real_model_batched_equals_alone(gpu, name, request):  # noqa: F811
+    """The engine seam's bar on lavapipe: the CPU reference's eight prompts of different lengths
+    (two sharing a 400-token prefix), each run alone and then all at once in shared steps, give
+    the same greedy tokens."""
+    from tests.test_engine import MODELS, N_NEW, _prompts
+
+    path = request.getfixturevalue(MODELS[name])
+    prompts = _prompts(name)
+    ctx = max(len(p) for p in prompts) + N_NEW + 8
+    model = Model(path, n_ctx=ctx, backend="gpu", parallel=8, kv_tokens=8 * ctx)
+
+    def run(ps, **kw):
+        reqs = [model.engine.submit(Request(list(p), GREEDY, max_new=N_NEW, **kw)) for p in ps]
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason in ("length", "stop") for r in reqs), [r.error for r in reqs]
+        return [r.output for r in reqs]
+
+    alone = [run([p], cache_prompt=False)[0] for p in prompts]
+    steps = model.engine.stats.steps
+    together = run(prompts)
+    assert together == alone
+    assert model.engine.stats.max_rows >= 8 and model.engine.stats.steps - steps < 8 * N_NEW
+    assert model.pool.used == 0
