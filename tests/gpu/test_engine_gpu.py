@@ -79,7 +79,7 @@ def test_arrival_during_multi_step_decode(gpu, tiny_path):  # noqa: F811
     assert late[0].t_first < first.t_done  # it did not wait for the first to end
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m"])
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_real_model_batched_equals_alone(gpu, name, request):  # noqa: F811
     """The engine seam's bar on lavapipe: the CPU reference's eight prompts of different lengths
     (two sharing a 400-token prefix), each run alone and then all at once in shared steps, give
