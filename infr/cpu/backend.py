@@ -222,23 +222,15 @@ class CPUBackend:
         a = op.spec
         kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
         out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
-        for table, rows, decoded in ctx.groups(self.block_size):
-            for b, sel, offs in ctx.blocks(rows):
-                n = (b + 1) * BLOCK
-                j = np.arange(n)
-                page = j // self.block_size
-                # keys past the table are masked: any store row (row 0) stands in for them
-                keys = np.where(page < len(table), table[np.minimum(page, len(table) - 1)] * self.block_size
-                                + j % self.block_size, 0)
+        for blocks, decoded in ctx.groups(self.block_size):
+            for sel, offs, keys, pos in blocks:
                 qb = np.zeros((BLOCK, q.shape[1]), np.float32)
                 qb[offs] = q[sel]
-                pos = b * BLOCK + np.arange(BLOCK)
-                out[sel] = F.attention(qb, kc[keys], vc[keys], pos, n, a.n_heads, a.scale, a.sliding_window,
+                out[sel] = F.attention(qb, kc[keys], vc[keys], pos, len(keys), a.n_heads, a.scale, a.sliding_window,
                                        a.softcap)[offs]
-            for r, n in decoded:  # over its own keys only, as when it was decoded
-                keys = table[np.arange(n) // self.block_size] * self.block_size + np.arange(n) % self.block_size
-                out[r : r + 1] = F.attention(q[r : r + 1], kc[keys], vc[keys], ctx.pos[r : r + 1], n, a.n_heads,
-                                             a.scale, a.sliding_window, a.softcap)
+            for r, keys in decoded:  # over its own keys only, as when it was decoded
+                out[r : r + 1] = F.attention(q[r : r + 1], kc[keys], vc[keys], ctx.pos[r : r + 1], len(keys),
+                                             a.n_heads, a.scale, a.sliding_window, a.softcap)
         return out
 
 
@@ -294,9 +286,8 @@ class _Rows:
 
     def blocks(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """rows (prompt rows) by (sequence, position // BLOCK): (block index, the rows, their offsets)."""
-        key = id(rows)
-        got = self._blocks.get(key)
-        if got is None:
+        hit = self._blocks.get(id(rows))
+        if hit is None:
             got = []
             if len(rows):
                 p, s = self.pos[rows], self.slots[rows]
@@ -304,13 +295,13 @@ class _Rows:
                 for k in np.unique(keys):
                     m = keys == k
                     got.append((int(k & 0xFFFFFFFF), rows[m], p[m] % BLOCK))
-            self._blocks[key] = (rows, got)  # rows kept: its id stays unique while cached
-            return got
-        return got[1]
+            hit = self._blocks[id(rows)] = (rows, got)  # rows kept: its id stays unique while cached
+        return hit[1]
 
-    def groups(self, bs: int) -> list[tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]]:
-        """Per sequence: its block table, its prompt rows, and its generated rows with the number of
-        keys each reads."""
+    def groups(self, bs: int) -> list[tuple[list, list]]:
+        """Per sequence, what every attention layer of the step reads (found once a step): its prompt
+        rows' blocks as (rows, offsets, store rows of keys 0 .. (b + 1) * BLOCK, the block's
+        positions), and its generated rows as (row, store rows of its own keys)."""
         if self._groups is None:
             self._groups = []
             gen = self.generated
@@ -318,6 +309,16 @@ class _Rows:
                 sel = np.flatnonzero(self.slots == s)
                 table = np.asarray(self.tables[int(s)], np.int64)
                 one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
-                decoded = [(int(r), int(self.pos[r]) + 1) for r in sel[one]]
-                self._groups.append((table, sel[~one], decoded))
+                blocks = []
+                for b, rows, offs in self.blocks(sel[~one]):
+                    j = np.arange((b + 1) * BLOCK)
+                    page = j // bs
+                    # keys past the table are masked (causal): any store row (row 0) stands in for them
+                    keys = np.where(page < len(table), table[np.minimum(page, len(table) - 1)] * bs + j % bs, 0)
+                    blocks.append((rows, offs, keys, b * BLOCK + np.arange(BLOCK)))
+                decoded = []
+                for r in sel[one]:
+                    j = np.arange(int(self.pos[r]) + 1)
+                    decoded.append((int(r), table[j // bs] * bs + j % bs))
+                self._groups.append((blocks, decoded))
         return self._groups
