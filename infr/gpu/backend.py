@@ -299,8 +299,9 @@ class GPUBackend:
             masked = self._masks().load(outs, masked) if masked else []
             tail = ([self._masks().dispatch(logits_buf, len(masked))] if masked else []) + self._argmax_rows(logits_buf, Lb)
             drawn = [i for i in sampled if outs[i].mask is None or i in masked]
-            tail += self._sampling().load(logits_buf, self.step_tokens, [
-                (i, i, 2 * outs[i].row, outs[i].params, _seed(outs[i].params), outs[i].history) for i in drawn])
+            ss = self._sampling()
+            tail += ss.dispatches(logits_buf, self.step_tokens, ss.load(
+                [(i, i, 2 * outs[i].row, outs[i].params, _seed(outs[i].params), outs[i].history) for i in drawn]))
             on_gpu = {i for i, o in enumerate(outs) if not o.want_logits and (
                 (_gpu_greedy(o) and (o.mask is None or i in masked)) or i in drawn)}
         timer = profile.timer_for(self.dev)
@@ -414,8 +415,10 @@ class GPUBackend:
         q = self.dev.device.queue
         q.write_buffer(self.state, 0, KS.pack_state(int(batch.positions[0]), L))  # [2]: no token logged yet
         timer = profile.timer_for(self.dev)
-        drawn = [(t, t, 2 * t, o.params, _seed(o.params), ()) for t, o in enumerate(outs) if not o.params.greedy]
-        steps = {far: self._multi_step(T, far, drawn) for far in (False, True)}
+        # The sampled rows' settings, written once for every step of the call.
+        draws = self._sampling().load([(t, t, 2 * t, o.params, _seed(o.params), ())
+                                       for t, o in enumerate(outs) if not o.params.greedy])
+        steps = {far: self._multi_step(T, far, draws) for far in (False, True)}
         if timer is not None:  # every dispatch timed: as many steps per submit as one query set holds
             longest = max(len(r) for r in steps.values())
             per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
@@ -471,15 +474,14 @@ class GPUBackend:
                                              usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
                                              label="token staging")
 
-    def _multi_step(self, T: int, far: bool, drawn=()) -> Recording:
+    def _multi_step(self, T: int, far: bool, draws: "KSA.Draws | None" = None) -> Recording:
         """One step of T decode rows (the graph with every row an output row): argmax into ids,
-        the samplers of the `drawn` rows (StepSampling.load's tuples: their settings written
-        now) over their ids, then the step kernel's `batch` entry."""
+        the loaded samplers (`draws`, StepSampling.load's) over their rows' ids, then the step
+        kernel's `batch` entry."""
         far = far and self._has_spans(T, True)
         cache = self.__dict__.setdefault("_multi", {})
         logits = self._logits_buffer(T, T, far, True)
-        draws = self._sampling().load(logits, self.ids, list(drawn)) if drawn else []
-        key = (T, far, tuple(id(d) for d in draws))  # a slot's dispatches are built once per kind
+        key = (T, far, draws)
         if key not in cache:
             body, head, _ = self._graph(T, T, far, True)
             argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
@@ -488,7 +490,8 @@ class GPUBackend:
                                (1, 1, 1), "step")
             if len(cache) >= SHAPE_CACHE:
                 cache.pop(next(iter(cache)))
-            cache[key] = Recording(body.dispatches + head.dispatches + argmax + draws + [advance])
+            cache[key] = Recording(body.dispatches + head.dispatches + argmax
+                                   + self._sampling().dispatches(logits, self.ids, draws) + [advance])
         return cache[key]
 
     def _argmax_rows(self, logits_buf, rows: int) -> list[Dispatch]:

@@ -12,7 +12,7 @@ rebuilds nothing. The numpy twin is infr/cpu/sample.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,12 +47,6 @@ def _chain(params: SamplingParams) -> SamplingParams:
                           frequency_penalty=params.frequency_penalty, seed=params.seed)
 
 
-def takes_topk(params: SamplingParams, n: int) -> bool:
-    """Whether these settings run the top_k path (sample_topk.wgsl): 6 dispatches."""
-    c = ref.sampler_constants(_chain(params), n)
-    return c.use_k and c.top_k <= CAND_MAX
-
-
 def supports(params: SamplingParams, n_ctx: int) -> bool:
     """Whether the GPU sampler runs these settings (penalties over a bounded window)."""
     if not ref.has_penalties(params):
@@ -70,8 +64,9 @@ PARAMS_DTYPE = np.dtype([
 ])  # sample_common.wgsl's Params, an array stride of 100 bytes
 
 
-def path_of(params: SamplingParams, n: int) -> int:
-    return (PATH_PEN if ref.has_penalties(params) else 0) | (PATH_TOPK if takes_topk(params, n) else PATH_FULL)
+def _path(params: SamplingParams, c) -> int:
+    topk = c.use_k and c.top_k <= CAND_MAX
+    return (PATH_PEN if ref.has_penalties(params) else 0) | (PATH_TOPK if topk else PATH_FULL)
 
 
 def pack_slot(rec, n: int, params: SamplingParams, seed: int, rows: int, x_off: int, out_off: int, pos_at: int,
@@ -86,7 +81,18 @@ def pack_slot(rec, n: int, params: SamplingParams, seed: int, rows: int, x_off: 
     rec["pen_n"] = NONE if p.repeat_last_n < 0 else p.repeat_last_n
     rec["rep"], rec["rep_inv"], rec["freq"], rec["pres"] = p.repeat_penalty, c.rep_inv, p.frequency_penalty, p.presence_penalty
     rec["x_off"], rec["out_off"], rec["pos_at"] = x_off, out_off, pos_at
-    rec["scratch_off"], rec["seq_off"], rec["slot"], rec["path"] = scratch_off, seq_off, slot, path_of(params, n)
+    rec["scratch_off"], rec["seq_off"], rec["slot"], rec["path"] = scratch_off, seq_off, slot, _path(params, c)
+
+
+class Draws(NamedTuple):
+    """What a step's loaded slots need run: their number and which entry points any of them takes."""
+
+    slots: int
+    pen: bool
+    topk: bool
+    full: bool
+    full_k: bool  # a full-path slot cuts by top_k: job 0's radix rounds
+    full_p: bool  # ... by top_p: job 1's
 
 
 class StepSampling:
@@ -123,28 +129,29 @@ class StepSampling:
             hit = self._binds[key] = (x, out, pipe, self.kern.bind(pipe, bufs))  # x, out kept: ids stay unique
         return hit[2], hit[3]
 
-    def dispatches(self, x, out, S: int, paths: Sequence[int], use_k: bool, use_p: bool) -> list[Dispatch]:
-        """The dispatches of S slots whose paths are `paths`; use_k / use_p: whether any slot
-        on the full path cuts by top_k / top_p (their radix rounds run only then)."""
-        pen, topk, full = (any(p & bit for p in paths) for bit in (PATH_PEN, PATH_TOPK, PATH_FULL))
-        key = (id(x), id(out), S, pen, topk, full, full and use_k, full and use_p)
+    def dispatches(self, x, out, draws: Draws | None) -> list[Dispatch]:
+        """The dispatches that draw the loaded slots from logits `x` into `out` (built once per
+        buffer pair and kind of step)."""
+        if draws is None:
+            return []
+        key = (id(x), id(out), draws)
         got = self._lists.get(key)
         if got is not None:
             return got
-        P, R = self.parts, self.rows
+        P, R, S = self.parts, self.rows, draws.slots
 
         def d(module, entry, groups, label, job=0, rnd=0):
             pipe, bg = self._bind(x, out, module, entry, job, rnd)
             return Dispatch(pipe, bg, groups, label)
 
-        got = [d("sample", "penalize", (1, 1, S), "sample_penalize")] if pen else []
-        if topk:  # top_p and min_p then look only inside the top_k set
+        got = [d("sample", "penalize", (1, 1, S), "sample_penalize")] if draws.pen else []
+        if draws.topk:  # top_p and min_p then look only inside the top_k set
             got += [d("sample_topk", "radix8", (P, 1, S), f"sample_radix8 k{r}", 0, r) for r in range(ROUNDS8)]
             got.append(d("sample_topk", "collect", (P, 1, S), f"sample_collect {self.n}"))
             got.append(d("sample_topk", "pick", (R, 1, S), "sample_pick"))
-        if full:
+        if draws.full:
             got.append(d("sample", "slice_max", (P, 1, S), f"sample_max {self.n}"))
-            for job, on in ((0, use_k), (1, use_p)):
+            for job, on in ((0, draws.full_k), (1, draws.full_p)):
                 if on:
                     got += [d("sample", "radix", (P, 1, S), f"sample_radix {'kp'[job]}{r}", job, r) for r in range(ROUNDS)]
             got.append(d("sample", "draw", (P, R, S), f"sample_draw {self.n}"))
@@ -152,27 +159,26 @@ class StepSampling:
         self._lists[key] = got
         return got
 
-    def load(self, x, out, rows) -> list[Dispatch]:
+    def load(self, rows) -> Draws | None:
         """rows: (x row, out index, pos_at, params, seed, history) per sampled row, at most `slots`.
-        Writes their settings (and the penalty windows of their histories) and returns the
-        dispatches that draw them all."""
+        Writes their settings (and the penalty windows of their histories) in one call; the
+        dispatches() of what it returns draw them all. None: no rows."""
         S = len(rows)
         if S > self.slots:
             raise ValueError(f"at most {self.slots} sampled rows per step, got {S}")
         if not S:
-            return []
+            return None
         q = self.kern.dev.device.queue
         recs = np.zeros(S, PARAMS_DTYPE)
-        use_k = use_p = False
         for j, (xr, oi, pos_at, p, seed, history) in enumerate(rows):
             pack_slot(recs[j], self.n, p, int(seed), self.rows, xr * self.n, oi, pos_at, j * self.words,
                       j * self.seq_words, j)
-            if not recs[j]["path"] & PATH_TOPK:
-                use_k, use_p = use_k or bool(recs[j]["use_k"]), use_p or bool(recs[j]["use_p"])
             if ref.has_penalties(p):  # the window the penalty kernel reads: seq[len - window, len)
                 hist = np.asarray(history, np.uint32)
                 lo = 0 if p.repeat_last_n < 0 else max(0, hist.size - p.repeat_last_n)
                 if hist.size > lo:
                     q.write_buffer(self.seq, 4 * (j * self.seq_words + lo), hist[lo:])
         q.write_buffer(self.params, 0, recs.tobytes())
-        return self.dispatches(x, out, S, recs["path"].tolist(), use_k, use_p)
+        path, full = recs["path"], (recs["path"] & PATH_FULL) != 0
+        return Draws(S, bool((path & PATH_PEN).any()), bool((path & PATH_TOPK).any()), bool(full.any()),
+                     bool((recs["use_k"][full] != 0).any()), bool((recs["use_p"][full] != 0).any()))

@@ -22,7 +22,7 @@ def gpu_draws(gpu, kernels, logits, params, seed, pos, rows=1, history=()):
     state = storage(gpu, np.array([pos - 1, 1, 0, 0], np.uint32), label="test.state")
     out = storage(gpu, 4 * rows, label="test.out")
     ss = StepSampling(kernels, n, max(len(history), pos) + 1, state, slots=1, rows=rows)
-    runtime.run(gpu, ss.load(x, out, [(0, 0, 0, params, seed, list(history))]))
+    runtime.run(gpu, ss.dispatches(x, out, ss.load([(0, 0, 0, params, seed, list(history))])))
     return runtime.read(gpu, out, np.uint32, rows).astype(np.int64)
 
 
@@ -60,7 +60,7 @@ def test_top_k_takes_the_candidate_path(gpu, kernels):
     n = 5000
     x, out = storage(gpu, np.zeros(n, np.float32)), storage(gpu, 16)
     ss = StepSampling(kernels, n, 16, storage(gpu, 16), slots=2)
-    labels = lambda *ps: [d.label.split()[0] for d in ss.load(x, out, [(0, j, 0, p, 1, ()) for j, p in enumerate(ps)])]
+    labels = lambda *ps: [d.label.split()[0] for d in ss.dispatches(x, out, ss.load([(0, j, 0, p, 1, ()) for j, p in enumerate(ps)]))]
     assert labels(PARAMS["default"]) == ["sample_radix8"] * 4 + ["sample_collect", "sample_pick"]
     assert labels(SamplingParams(top_k=KSA.CAND_MAX)) == labels(PARAMS["default"])
     for p in (PARAMS["wider"], PARAMS["top_p_only"]):
@@ -86,7 +86,7 @@ def test_slots_of_one_step_draw_alone(gpu, kernels):
     state = storage(gpu, positions - 1)
     ss = StepSampling(kernels, n, 64, state, slots=S)
     rows = [(j, S - 1 - j, j, params[j], 100 + j, history[: int(positions[j])]) for j in range(S)]
-    runtime.run(gpu, ss.load(x, out, rows))
+    runtime.run(gpu, ss.dispatches(x, out, ss.load(rows)))
     got = runtime.read(gpu, out, np.uint32, S)[::-1].tolist()
     want = [ref.sample(logits[j], params[j], 100 + j, int(positions[j]), history[: int(positions[j])]) for j in range(S)]
     assert got == want
