@@ -1,10 +1,10 @@
 """Sampling on the GPU (wgsl/sample.wgsl, wgsl/sample_topk.wgsl): the dispatches that turn
 a step's logits into the next token of each of its sampled rows.
 
-`StepSampling` holds up to `slots` samplers. `load(x, out, rows)` writes every row's settings
-(temperature, top_k, top_p, min_p, penalties, seed, which row of `x` it reads, where in `out`
-it writes, where in `state` its position is) into one storage array with one call, and
-returns the step's dispatches: each entry point runs once for all the rows, one slot per
+`StepSampling` holds up to `slots` samplers. `load(rows)` writes every row's settings
+(temperature, top_k, top_p, min_p, penalties, seed, which row of the logits it reads, where in
+the output it writes, where in `state` its position is) into one storage array with one call;
+`dispatches(x, out, draws)` are the step's dispatches: each entry point runs once for all the rows, one slot per
 workgroup_id.z, and a slot whose path does not take an entry point returns at once. Bind
 groups are built once per (logits, out) buffer pair, so a new request with new values
 rebuilds nothing. The numpy twin is infr/cpu/sample.py.
