@@ -33,13 +33,13 @@ class KVBudget:
     """A KV store sized as a fraction of the memory its backend finds free once the weights are
     in (`--kv-size 0.9` or `90%`): the backend calls blocks() before it allocates the store."""
 
+    RESERVE = 512 << 20  # bytes left for what the backend allocates after its store (graphs, scratch)
+
     def __init__(self, fraction: float):
         if not 0 < fraction <= 1:
             raise InfrError(f"a KV cache fraction must lie in (0, 1], got {fraction}")
         self.fraction = fraction
         self.note = ""  # how it was sized, once blocks() ran: for the start-up report
-
-    RESERVE = 512 << 20  # bytes left for what the backend allocates after its store (graphs, scratch)
 
     def blocks(self, backend, block_size: int, min_blocks: int = 1, max_blocks: int | None = None) -> int:
         """Blocks of `block_size` tokens in the fraction of the free memory (less RESERVE), at most

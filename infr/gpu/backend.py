@@ -276,7 +276,7 @@ class GPUBackend:
             raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
         if int(batch.positions.max()) >= self.blocks_per_seq * self.block_size:
             raise InfrError(f"context full: position {int(batch.positions.max())} is past {self.n_ctx}")
-        sampled = [i for i, o in enumerate(outs) if self._gpu_samples(o)]
+        sampled = [i for i, o in enumerate(outs) if _gpu_samples(o)]
         for i in sampled:
             if not self.samples(outs[i].params):
                 raise InfrError("these sampling settings need a host sampler (penalty window too long)")
@@ -349,11 +349,6 @@ class GPUBackend:
         """Whether step() draws rows with these settings on the GPU (a row without a host sampler):
         any settings whose penalty window the penalty kernel takes."""
         return KSA.supports(params, self.n_ctx)
-
-    @staticmethod
-    def _gpu_samples(row) -> bool:
-        """Whether the GPU's sampler draws this output row: sampled, no host sampler, no logits wanted."""
-        return row.sampler is None and not row.want_logits and not row.params.greedy
 
     def _sampling(self) -> KSA.StepSampling:
         """The step's samplers (one slot per output row), made at the first step that needs them."""
@@ -613,6 +608,11 @@ def _bucket(n: int) -> int:
 def _gpu_greedy(row) -> bool:
     """Whether the GPU's argmax is this row's token: greedy without penalties."""
     return row.params.greedy and not has_penalties(row.params)
+
+
+def _gpu_samples(row) -> bool:
+    """Whether the GPU's sampler draws this output row: sampled, no host sampler, no logits wanted."""
+    return row.sampler is None and not row.want_logits and not row.params.greedy
 
 
 def _seed(params: SamplingParams) -> int:
