@@ -91,13 +91,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 # (BM, BN, BK, SGM, SGN): workgroup rows, tokens, K per stage, subgroups along rows and tokens.
 TILES = ((64, 64, 32, 2, 2), (64, 64, 64, 2, 2), (64, 64, 32, 2, 1), (64, 64, 32, 1, 2), (32, 64, 32, 1, 2),
-         (64, 32, 32, 2, 1), (128, 64, 32, 4, 2), (128, 64, 32, 2, 2), (128, 128, 32, 4, 2), (64, 128, 32, 2, 4))
+         (64, 32, 32, 2, 1), (128, 64, 32, 4, 2), (128, 64, 32, 2, 2), (128, 128, 32, 4, 2), (64, 128, 32, 2, 4),
+         (128, 128, 32, 2, 2), (128, 128, 64, 2, 2), (128, 128, 64, 4, 2), (256, 128, 32, 4, 2))
+
+
+def unrolled(code: str, TM: int, TN: int) -> str:
+    """The kernel with its loops over result matrices written out: acc_a_b and left_a are variables."""
+    decl = "\n".join(f"  var acc_{a}_{b}: subgroup_matrix_result<f32, NN, MM>;" for a in range(TM) for b in range(TN))
+    body = []
+    for a in range(TM):
+        body.append(f"      let left_{a} = subgroupMatrixLoad<subgroup_matrix_left<f16, KK, MM>>(&ws, ((sm * TM + {a}u) * MM) * BK + kk, false, BK);")
+    for b in range(TN):
+        body.append(f"      let right_{b} = subgroupMatrixLoad<subgroup_matrix_right<f16, NN, KK>>(&xs, ((sn * TN + {b}u) * NN) * BK + kk, true, BK);")
+        for a in range(TM):
+            body.append(f"      acc_{a}_{b} = subgroupMatrixMultiplyAccumulate(left_{a}, right_{b}, acc_{a}_{b});")
+    store = "\n".join(f"  subgroupMatrixStore(&y, (tok0 + (sn * TN + {b}u) * NN) * p.n_out + row0 + (sm * TM + {a}u) * MM, acc_{a}_{b}, true, p.n_out);"
+                       for a in range(TM) for b in range(TN))
+    code = code.replace("  var acc: array<array<subgroup_matrix_result<f32, NN, MM>, TN>, TM>;", decl)
+    start = code.index("      var lefts")
+    end = code.index("    workgroupBarrier();\n  }}", start)
+    code = code[:start] + "\n".join(body).replace("{", "{{").replace("}", "}}") + "\n    }}\n" + code[end:]
+    start = code.index("  for (var a = 0u; a < TM; a++) {{\n    for (var b")
+    code = code[:start] + store.replace("{", "{{").replace("}", "}}") + "\n}}\n"
+    return code
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--shape", default="4096,4096,512", help="n_out,k,t")
+    ap.add_argument("--unrolled", action="store_true", help="every result matrix a variable of its own")
     ap.add_argument("--first-config", action="store_true", help="time only the first f16 -> f32 configuration")
     a = ap.parse_args()
     import wgpudawn as wgpu
@@ -145,9 +168,11 @@ def main() -> int:
             if BM % (SGM * M) or BN % (SGN * N) or BK % Kc or (BM + BN) * BK * 2 > adapter.limits[
                     "max-compute-workgroup-storage-size"]:
                 continue
-            run = {"config": c, "tile": [BM, BN, BK, SGM, SGN]}
+            run = {"config": c, "tile": [BM, BN, BK, SGM, SGN], "unrolled": a.unrolled}
             try:
-                code = KERNEL.format(BM=BM, BN=BN, BK=BK, SGM=SGM, SGN=SGN, M=M, N=N, K=Kc, SG=sgsize)
+                TM, TN = BM // SGM // M, BN // SGN // N
+                src = unrolled(KERNEL, TM, TN) if a.unrolled else KERNEL
+                code = src.format(BM=BM, BN=BN, BK=BK, SGM=SGM, SGN=SGN, M=M, N=N, K=Kc, SG=sgsize)
                 mod = dev.create_shader_module(code=code)
                 pipe = dev.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
                 bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
