@@ -39,7 +39,7 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
 @compute @workgroup_size(WG)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     _ = x[0];
-    var bv = -3.4028235e38;
+    var bv = -3.4028234663852886e38;
     var bi = NONE;
     for (var p = tid; p < params.parts; p += WG) {
         let c = best[wid.y * params.parts + p];

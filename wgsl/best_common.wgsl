@@ -25,7 +25,7 @@ fn reduce_best(tid: u32) {
 // The largest of x[base + lo .. base + hi) and its lowest index (counted from base) into
 // best_v[0] / best_i[0]: a slice maximum (argmax's first pass, the sampler's slice_max).
 fn best_of_slice(base: u32, lo: u32, hi: u32, tid: u32) {
-    var bv = -3.4028235e38;
+    var bv = -3.4028234663852886e38;
     var bi = NONE;
     // Increasing index order within an invocation, so a strict > keeps its first maximum.
     for (var i = lo + tid; i < hi; i += WG) {

@@ -354,7 +354,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (k == cut.x) {
             rank += 1u;
         }
-        if ((params.has_min_p != 0u && !(v >= floor_v)) || !(v >= -3.4028235e38)) {
+        if ((params.has_min_p != 0u && !(v >= floor_v)) || !(v >= -3.4028234663852886e38)) {
             keep = false;  // below min_p, or -inf
         }
         if (keep) {

@@ -248,7 +248,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = a; i < min(e, len); i++) {
         let v = value_of(c_key[i]);
         let id = c_idx[i];
-        if ((params.has_min_p != 0u && !(v >= floor_v)) || !(v >= -3.4028235e38)) {
+        if ((params.has_min_p != 0u && !(v >= floor_v)) || !(v >= -3.4028234663852886e38)) {
             continue;  // below min_p, or -inf
         }
         let sc = (v - m) * params.inv_temp + gumbel(rkey, id);
