@@ -225,13 +225,13 @@ fn slice_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(WG)
 fn radix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     touch();
-    if (!enter(wid.z, PATH_FULL) || (step.job == 0u && params.use_k == 0u) || (step.job == 1u && params.use_p == 0u)) {
+    if (!enter(wid.z, PATH_FULL) || (step.job == 0u && slots[wid.z].use_k == 0u) || (step.job == 1u && slots[wid.z].use_p == 0u)) {
         return;
     }
     load_max(tid);
     let job = step.job;
     let r = step.round;
-    if (job == 1u && r == 0u && params.use_k != 0u) {  // top_k's last round ended: its result
+    if (job == 1u && r == 0u && slots[wid.z].use_k != 0u) {  // top_k's last round ended: its result
         decide(0u, 7u, tid);
         if (tid == 0u && wid.x == 0u) {
             let res = finalize(0u);
@@ -291,16 +291,16 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     load_max(tid);
     // The kept prefix: the shorter of top_k's and top_p's (both prefixes of one order).
     var rk = vec4<u32>(0u, NONE, 0u, 0u);
-    if (params.use_k != 0u && params.use_p == 0u) {
+    if (slots[wid.z].use_k != 0u && slots[wid.z].use_p == 0u) {
         decide(0u, 7u, tid);
         if (tid == 0u) {
             rk = finalize(0u);
         }
-    } else if (params.use_k != 0u && tid == 0u) {
+    } else if (slots[wid.z].use_k != 0u && tid == 0u) {
         rk = vec4<u32>(scratch[params.scratch_off + RES], scratch[params.scratch_off + RES + 1u], scratch[params.scratch_off + RES + 2u], scratch[params.scratch_off + RES + 3u]);
     }
     var rp = vec4<u32>(0u, NONE, 0u, 0u);
-    if (params.use_p != 0u) {
+    if (slots[wid.z].use_p != 0u) {
         decide(1u, 7u, tid);
         if (tid == 0u) {
             rp = finalize(1u);

@@ -86,7 +86,7 @@ fn pos() -> u32 {
 // The slot's settings; false: its path does not take this entry point (`path` bits).
 fn enter(z: u32, path: u32) -> bool {
     params = slots[z];
-    return (params.path & path) != 0u;
+    return (slots[z].path & path) != 0u;  // slots, not params: Tint takes a private variable as non-uniform
 }
 
 // Every entry point uses every binding, so one bind group layout serves all.

@@ -1,0 +1,98 @@
+"""Every kernel the engine compiles also passes Tint, Dawn's WGSL compiler (the Dawn tier's).
+
+Tint is stricter than naga: barriers only in uniform control flow (a `var<private>` copy of a
+setting is not uniform to it), f32 literals in range. Dawn's Null backend runs Tint's front end
+without a GPU, so the pipelines a tiny model asks for on the wgpu adapter (greedy and sampled
+requests), and the mmq kernel of every type, are compiled again as Tint modules here. Pipeline
+limits (workgroup memory, bindings) belong to the real adapter and are not checked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from infr import synth
+from infr.engine import Model
+from infr.gpu import kernels_mmq as KMQ
+from infr.gpu import runtime as R
+from infr.sampling import SamplingParams
+from infr.scheduler import Request
+from tests.gpu.conftest import gpu  # noqa: F401  the GPU fixture: skips without an adapter, fails under CI
+
+
+@pytest.fixture(scope="module")
+def tint(monkeypatch_module):
+    """A Dawn device on the Null backend: create_shader_module runs Tint. wgpudawn is in the test
+    extra; without it the tests skip, except under CI, where they fail (as the gpu fixture does)."""
+    if os.environ.get("CI"):
+        import wgpudawn
+    else:
+        wgpudawn = pytest.importorskip("wgpudawn")
+    monkeypatch_module.setenv("WGPU_BACKEND_TYPE", "Null")
+    adapter = wgpudawn.gpu.request_adapter_sync()
+    return adapter.request_device_sync(required_features=[f for f in ("subgroups", "shader-f16")
+                                                          if f in adapter.features])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+class _Recorder(R.Kernels):
+    """Kernels that only note what is asked for (mmq_pipeline needs nothing compiled)."""
+
+    def __init__(self, dev, asked):
+        super().__init__(dev)
+        self.asked = asked
+
+    def pipeline(self, name, entry="main", unchecked=False, **consts):
+        self.asked[(name, entry, tuple(sorted(consts.items())))] = None
+
+
+def _compile(device, name: str, consts) -> str | None:
+    src = R.load_source(name, dict(consts))
+    code = ("enable subgroups;\n" if "subgroup" in src else "") + src  # naga must not see the enable
+    try:
+        device.create_shader_module(label=name, code=code)
+    except Exception as e:  # Tint's message names the line and the rule
+        return f"{name}: {str(e).splitlines()[0] if str(e) else e}\n{e}"
+    return None
+
+
+def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    asked: dict = {}
+    real = R.Kernels.pipeline
+
+    def record(self, name, entry="main", unchecked=False, **consts):
+        asked[(name, entry, tuple(sorted(consts.items())))] = None
+        return real(self, name, entry, unchecked, **consts)
+
+    monkeypatch.setattr(R.Kernels, "pipeline", record)
+    path = synth.write_gguf(synth.preset("tiny-llama", tokenizer="gpt2", weight_type="Q4_K_M"), tmp_path / "t.gguf")
+    model = Model(path, n_ctx=128, backend="gpu", parallel=2)
+    for sp in (SamplingParams(temperature=0.0),
+               SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, seed=1)):
+        reqs = [model.engine.submit(Request(list(range(1, n)), sp, max_new=3, ignore_eos=True)) for n in (40, 5)]
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+    names = {k[0] for k in asked}
+    assert {"gemv", "attention", "rmsnorm", "sample", "sample_topk", "argmax"} <= names, names
+    errors = [e for name, _, consts in asked for e in [_compile(tint, name, consts)] if e]
+    assert not errors, "\n\n".join(errors)
+
+
+def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
+    asked: dict = {}
+    rec = _Recorder(gpu, asked)
+    for q in KMQ.READERS:
+        for tile in KMQ.TILES:
+            KMQ.mmq_pipeline(rec, q, tile)
+            KMQ.mmq_pipeline(rec, q, tile, pair_act="gelu")
+            KMQ.mmq_pipeline(rec, q, tile, split=True)
+    assert len(asked) == 3 * len(KMQ.READERS) * len(KMQ.TILES)
+    errors = [e for name, _, consts in asked for e in [_compile(tint, name, consts)] if e]
+    assert not errors, "\n\n".join(errors)
