@@ -63,7 +63,9 @@ const PMAX: u32 = 64u;
 const CAND_MAX: u32 = 1024u;  // top_k up to this many takes sample_topk.wgsl (kernels_sample.CAND_MAX)
 
 @group(0) @binding(0) var<storage, read> slots: array<Params>;
-var<private> params: Params;  // slots[workgroup_id.z], from enter()
+// slots[workgroup_id.z], from enter(). Control flow that reaches a barrier reads slots[wid.z]
+// instead: Tint (Dawn) does not take a private variable as uniform.
+var<private> params: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> seq: array<u32>;
@@ -86,7 +88,7 @@ fn pos() -> u32 {
 // The slot's settings; false: its path does not take this entry point (`path` bits).
 fn enter(z: u32, path: u32) -> bool {
     params = slots[z];
-    return (slots[z].path & path) != 0u;  // slots, not params: Tint takes a private variable as non-uniform
+    return (slots[z].path & path) != 0u;  // slots, not params: see the declaration
 }
 
 // Every entry point uses every binding, so one bind group layout serves all.

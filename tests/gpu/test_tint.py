@@ -22,53 +22,55 @@ from tests.gpu.conftest import gpu  # noqa: F401  the GPU fixture: skips without
 
 
 @pytest.fixture(scope="module")
-def tint(monkeypatch_module):
+def tint():
     """A Dawn device on the Null backend: create_shader_module runs Tint. wgpudawn is in the test
     extra; without it the tests skip, except under CI, where they fail (as the gpu fixture does)."""
     if os.environ.get("CI"):
         import wgpudawn
     else:
-        wgpudawn = pytest.importorskip("wgpudawn")
-    monkeypatch_module.setenv("WGPU_BACKEND_TYPE", "Null")
-    adapter = wgpudawn.gpu.request_adapter_sync()
+        wgpudawn = pytest.importorskip("wgpudawn", reason="wgpudawn (in the test extra) is not installed: "
+                                                          "the Tint checks need Dawn")
+    with pytest.MonkeyPatch.context() as mp:  # read when the adapter is requested
+        mp.setenv("WGPU_BACKEND_TYPE", "Null")
+        adapter = wgpudawn.gpu.request_adapter_sync()
     return adapter.request_device_sync(required_features=[f for f in ("subgroups", "shader-f16")
                                                           if f in adapter.features])
 
 
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+def _key(name, entry, consts) -> tuple:
+    return name, entry, tuple(sorted(consts.items()))
 
 
 class _Recorder(R.Kernels):
     """Kernels that only note what is asked for (mmq_pipeline needs nothing compiled)."""
 
-    def __init__(self, dev, asked):
+    def __init__(self, dev, asked: set):
         super().__init__(dev)
         self.asked = asked
 
     def pipeline(self, name, entry="main", unchecked=False, **consts):
-        self.asked[(name, entry, tuple(sorted(consts.items())))] = None
+        self.asked.add(_key(name, entry, consts))
 
 
-def _compile(device, name: str, consts) -> str | None:
-    src = R.load_source(name, dict(consts))
-    code = ("enable subgroups;\n" if "subgroup" in src else "") + src  # naga must not see the enable
-    try:
-        device.create_shader_module(label=name, code=code)
-    except Exception as e:  # Tint's message names the line and the rule
-        return f"{name}: {str(e).splitlines()[0] if str(e) else e}\n{e}"
-    return None
+def _tint_errors(device, asked: set) -> str:
+    """Tint's messages (each names the line and the rule) for the sources of `asked`."""
+    errors = []
+    for name, _, consts in sorted(asked, key=repr):
+        src = R.load_source(name, dict(consts))
+        code = ("enable subgroups;\n" if "subgroup" in src else "") + src  # naga must not see the enable
+        try:
+            device.create_shader_module(label=name, code=code)
+        except Exception as e:
+            errors.append(f"{name}: {e}")
+    return "\n\n".join(errors)
 
 
 def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
-    asked: dict = {}
+    asked: set = set()
     real = R.Kernels.pipeline
 
     def record(self, name, entry="main", unchecked=False, **consts):
-        asked[(name, entry, tuple(sorted(consts.items())))] = None
+        asked.add(_key(name, entry, consts))
         return real(self, name, entry, unchecked, **consts)
 
     monkeypatch.setattr(R.Kernels, "pipeline", record)
@@ -81,12 +83,12 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
         assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
     names = {k[0] for k in asked}
     assert {"gemv", "attention", "rmsnorm", "sample", "sample_topk", "argmax"} <= names, names
-    errors = [e for name, _, consts in asked for e in [_compile(tint, name, consts)] if e]
-    assert not errors, "\n\n".join(errors)
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
 
 
 def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
-    asked: dict = {}
+    asked: set = set()
     rec = _Recorder(gpu, asked)
     for q in KMQ.READERS:
         for tile in KMQ.TILES:
@@ -94,5 +96,5 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMQ.mmq_pipeline(rec, q, tile, pair_act="gelu")
             KMQ.mmq_pipeline(rec, q, tile, split=True)
     assert len(asked) == 3 * len(KMQ.READERS) * len(KMQ.TILES)
-    errors = [e for name, _, consts in asked for e in [_compile(tint, name, consts)] if e]
-    assert not errors, "\n\n".join(errors)
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
