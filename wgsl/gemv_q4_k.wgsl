@@ -6,30 +6,25 @@
 //   sum_i (d sc q_i - dmin m) (dx qx_i) = d sc dx sum_i q_i qx_i - dmin m (dx sum_i qx_i).
 // Rows are 16-byte aligned (K % 256 == 0).
 
-fn bytes6(v: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu));
-}
-
 // One lane's share of a Q4_K / Q5_K block: header hd, the 32 quants as bytes
-// (qa: sub-block 2c, qb: 2c + 1). Only the lanes with hh = 0 take the mins'
-// term, which covers whole sub-blocks.
+// (qa: sub-block 2c, qb: 2c + 1). The 6-bit scales and mins of sub-blocks
+// 2c and 2c + 1 (k_scales layout) are decoded as byte pairs, with no branch
+// and no dynamic vector index: the first version (bytes6 of every header
+// word, then a select per sub-block, the mins in a branch that half the lanes
+// took) left the Q4_K GEMV at half of Q4_0's bandwidth on the H200. Only the
+// lanes with hh = 0 take the mins' term, which covers whole sub-blocks.
 fn k_weights(hd: vec4<u32>, qa: vec4<u32>, qb: vec4<u32>, p: u32) -> WB {
     let dm = unpack2x16float(hd.x);
-    // 6-bit scales and mins of sub-blocks 2c and 2c + 1 (k_scales layout)
-    let sc_lo = bytes6(hd.y & 0x3F3F3F3Fu);
-    let sc_hi = bytes6((hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2u) & 0x30303030u));
-    let i0 = p & 6u;
-    let i1 = i0 + 1u;
-    let sa = select(sc_lo[i0 & 3u], sc_hi[i0 & 3u], i0 >= 4u);
-    let sb = select(sc_lo[i1 & 3u], sc_hi[i1 & 3u], i1 >= 4u);
-    var mins = vec2<f32>(0.0);
-    if ((p & 1u) == 0u) {
-        let mn_lo = bytes6(hd.z & 0x3F3F3F3Fu);
-        let mn_hi = bytes6(((hd.w >> 4u) & 0x0F0F0F0Fu) | ((hd.z >> 2u) & 0x30303030u));
-        mins = -dm.y * vec2<f32>(select(mn_lo[i0 & 3u], mn_hi[i0 & 3u], i0 >= 4u),
-                                 select(mn_lo[i1 & 3u], mn_hi[i1 & 3u], i1 >= 4u));
-    }
-    return WB(qa, qb, vec4<f32>(dm.x * sa, dm.x * sb, mins));
+    let sh = 8u * (p & 2u);      // byte 2 (c) of the pair in its word: c = p / 2, bytes 2c & 3
+    let y = hd.y >> sh;          // scales of sub-blocks 0..3 (low 6 bits), high bits of 4..7
+    let z = hd.z >> sh;          // mins of 0..3, high bits of 4..7's mins
+    let v = hd.w >> sh;          // low 4 bits of 4..7's scales (low nibble) and mins (high)
+    let hi = p >= 4u;            // sub-blocks 4..7
+    let sc = select(y & 0x3F3Fu, (v & 0x0F0Fu) | ((y >> 2u) & 0x3030u), hi);
+    let mn = select(z & 0x3F3Fu, ((v >> 4u) & 0x0F0Fu) | ((z >> 2u) & 0x3030u), hi);
+    let take_min = select(0.0, -dm.y, (p & 1u) == 0u);
+    return WB(qa, qb, vec4<f32>(dm.x * f32(sc & 0xFFu), dm.x * f32((sc >> 8u) & 0xFFu),
+                                take_min * f32(mn & 0xFFu), take_min * f32((mn >> 8u) & 0xFFu)));
 }
 
 fn w_q4_k(slot: u32, rb: u32, bc: u32, p: u32) -> WB {
