@@ -1,4 +1,5 @@
 """Backend choice: the GPU when wgpu finds a hardware adapter, else the numpy reference.
+`dawn` runs the GPU backend on Dawn (wgpudawn, an optional extra) instead of wgpu-native.
 
 Kept apart from the engine so tools that need no tokenizer (the benchmark)
 import only this.
@@ -17,7 +18,7 @@ from infr.gguf_file import GGUFFile
 from infr.plan import Plan
 from infr.sampling import SamplingParams
 
-BACKENDS = ("auto", "cpu", "gpu")
+BACKENDS = ("auto", "cpu", "gpu", "dawn")
 
 
 def choose_backend(name: str) -> tuple[str, str | None]:
@@ -49,8 +50,10 @@ def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None,
 
         return CPUBackend(gf, plan, n_ctx, kv_blocks=kv_blocks)
     from infr.gpu.backend import GPUBackend
+    from infr.gpu.device import get_device
 
-    return GPUBackend(gf, plan, n_ctx, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs)
+    dev = get_device(flavor="dawn" if name == "dawn" else "wgpu")
+    return GPUBackend(gf, plan, n_ctx, dev=dev, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs)
 
 
 class Backend(Protocol):

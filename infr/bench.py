@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infr.backends import BACKENDS
 from infr.errors import InfrError
 
 # short names for synth presets
@@ -245,7 +246,7 @@ def model_info(path: Path, gf, plan) -> dict:
 
 
 def backend_info(be, backend: str) -> dict:
-    gpu = backend == "gpu"
+    gpu = backend in ("gpu", "dawn")
     dev = getattr(getattr(be, "dev", None), "name", "")
     return {
         "gpu_info": dev if gpu else "",
@@ -326,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-d", "--n-depth", action="append", help="context depth filled before each test (default 0)")
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("--no-warmup", action="store_true", help="time every run (no warm-up run is dropped)")
-    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
+    ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
     ap.add_argument("-o", "--output", default="md", choices=["md", "csv", "json", "jsonl"])
     ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
     return ap

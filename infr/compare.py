@@ -20,6 +20,7 @@ import gc
 import json
 import sys
 
+from infr.backends import BACKENDS
 from infr.errors import InfrError
 
 DESCRIPTION = ("infr and llama.cpp on the same GGUF file with matched workloads (pp512, tg128, tg64 @ d4096, "
@@ -73,7 +74,7 @@ def compare(model: str, tests: list, reps: int = 3, backend: str = "auto", ctx: 
         print(f"infr: {note}", file=sys.stderr)
     ours = infr_side(path, tests, reps, backend, n_ctx)
     print(f"infr: running {llama.driver} ({llama.path})", file=sys.stderr)
-    theirs = llamacpp.run(llama, path, tests, reps, gpu=backend == "gpu", n_ctx=n_ctx)
+    theirs = llamacpp.run(llama, path, tests, reps, gpu=backend in ("gpu", "dawn"), n_ctx=n_ctx)
     rows = []
     for t in tests:
         a, b = ours["results"][t.name]["avg_ts"], theirs["results"][t.name]["avg_ts"]
@@ -119,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth-pp", type=int, default=4, help="prompt tokens after the depth (default 4)")
     p.add_argument("--depth-tg", type=int, default=64, help="tokens generated after the depth (default 64)")
     p.add_argument("-r", "--repetitions", type=int, default=3)
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"],
+    p.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="infr's backend; llama.cpp offloads every layer (-ngl) when it is gpu")
     p.add_argument("--ctx", type=int, default=None, help="context size of both engines (default: what the tests need)")
     p.add_argument("--llama", default="auto", choices=["auto", "bench", "server"],

@@ -17,7 +17,8 @@ infr.llamacpp (token-id prompts, ignore_eos, greedy, its own `timings`).
 Knobs: LLAMA_SERVER (else llama-server on PATH), COMPARE_PP, COMPARE_TG,
 COMPARE_DEPTH (0 drops the deep tests), COMPARE_DEPTH_PP, COMPARE_DEPTH_TG,
 COMPARE_REPS, COMPARE_GEMV="2,2;1,1,1" (also GEMV tunings R,U[,NT]: INFR_GEMV_R / _U / _NT;
-an empty first entry keeps the defaults).
+an empty first entry keeps the defaults), COMPARE_BACKENDS="gpu,dawn" (infr's backends: the first
+is "infr", each other "infr_NAME" with its "ratios_NAME"; default gpu).
 Writes one JSON to $OUT (or perf/) with the adapter, the commands and the date.
 `infr compare MODEL` is the same comparison for any model and backend.
 """
@@ -103,8 +104,11 @@ def gpu_diagnostics(be) -> dict:
     }
 
 
-def infr_side(path: Path) -> dict:
-    model, load_s = bench.load_model(path, "gpu", N_CTX)
+BACKENDS = os.environ.get("COMPARE_BACKENDS", "gpu").split(",")
+
+
+def infr_side(path: Path, backend: str = "gpu") -> dict:
+    model, load_s = bench.load_model(path, backend, N_CTX)
     gf, be = model.gguf, model.backend
     out = {"backend": model.backend_name, "adapter": be.dev.name, "load_seconds": load_s, "file_bytes": gf.file_size}
     for test in TESTS:
@@ -153,10 +157,12 @@ def main() -> None:
                 os.environ.update(zip(("INFR_GEMV_R", "INFR_GEMV_U", "INFR_GEMV_NT"), tuning.split(",")))
                 TU.reload()  # the kernels read the knobs once
             key = "infr" if i == 0 else f"infr_gemv{tuning.replace(',', '_')}"
-            try:
-                entry[key] = infr_side(path)
-            except Exception as e:  # report and go on to llama.cpp
-                entry[key] = {"error": repr(e)}
+            for j, backend in enumerate(BACKENDS):
+                name = key if j == 0 else f"{key}_{backend}"
+                try:
+                    entry[name] = infr_side(path, backend)
+                except Exception as e:  # report and go on to llama.cpp
+                    entry[name] = {"error": repr(e)}
         print(json.dumps({ref: entry}, indent=1), flush=True)
         try:
             entry["llama_server"] = llama_side(path)
@@ -168,6 +174,10 @@ def main() -> None:
         for name, ratio in entry["ratios"].items():
             if "@" not in name:
                 entry[f"ratio_{name}"] = ratio  # ratio_pp512, ratio_tg128 as before
+        for backend in BACKENDS[1:]:
+            ours = entry.get(f"infr_{backend}", {})
+            entry[f"ratios_{backend}"] = {t.name: ours[t.name]["avg_ts"] / theirs[t.name]["avg_ts"]
+                                          for t in TESTS if t.name in ours and t.name in theirs}
         results["models"][ref] = entry
         print(json.dumps({ref: entry}, indent=1), flush=True)
         (out_dir / "h200-compare.json").write_text(json.dumps(results, indent=1) + "\n")

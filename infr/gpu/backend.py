@@ -59,6 +59,7 @@ class GPUBackend:
         self.block_size, self.max_seqs = block_size, max_seqs
         self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth; a KVBudget: free VRAM's)
         self.dev = dev or get_device()
+        self.name = "dawn" if self.dev.dawn else "gpu"
         profile.install_from_env()
         self.kern = kernels or _shared_kernels(self.dev)
         for name in plan.weights():
@@ -460,13 +461,12 @@ class GPUBackend:
 
     def _staging(self, size: int):
         """A mappable buffer of at least `size` bytes for token ids, from the free ring."""
-        import wgpu
-
+        BU = self.dev.api.BufferUsage
         for i, buf in enumerate(self._free_staging):
             if buf.size >= size:
                 return self._free_staging.pop(i)
         return self.dev.device.create_buffer(size=max(256, -(-size // 256) * 256),
-                                             usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                             usage=BU.MAP_READ | BU.COPY_DST,
                                              label="token staging")
 
     def _multi_step(self, T: int, far: bool, draws: "KSA.Draws | None" = None) -> Recording:

@@ -1,20 +1,34 @@
-"""Adapter choice, limits and features for the wgpu backend.
+"""Adapter choice, limits and features for the GPU backend.
 
 Discrete GPUs first; `INFR_DEVICE=N` (or `--device N`) picks from the list
 `infr devices` prints. The device is created with the adapter's real limits
 (lavapipe caps storage bindings at 128 MiB, the H200 at 2 GiB) and the
 features infr uses when present.
+
+Two WebGPU implementations run the same kernels, each behind wgpu-py's API:
+wgpu-native (`wgpu`, the default) and Dawn (`wgpudawn`, the optional Dawn
+tier: `--backend dawn`), whose extras reach the tensor cores. A Device carries
+its API module (`dev.api`: buffer usages, raw entry points) and names its
+features as infr does (`subgroup`), whichever spelling the implementation uses.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
 from infr.errors import InfrError
 
 WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes", "pipeline-cache")
+FLAVORS = {"wgpu": "wgpu", "dawn": "wgpudawn"}  # implementation -> its wgpu-py API module
+# Dawn's names for infr's features; its in-pass timestamps are another API, so the profiler stays wgpu's.
+_DAWN_FEATURES = {"subgroup": "subgroups", "shader-f16": "shader-f16", "timestamp-query": "timestamp-query",
+                  "subgroup-matrix": "chromium-experimental-subgroup-matrix"}
+# Instance toggles for Dawn: experimental features (subgroup matrices), f16 on NVIDIA's Vulkan
+# driver (off by default there), and no bounds clamping (wgpu's unchecked modules, everywhere).
+DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia", "disable_robustness")
 LIMITS = (
     "max-storage-buffer-binding-size",
     "max-buffer-size",
@@ -34,15 +48,28 @@ class NoAdapterError(InfrError):
 
 @dataclass
 class Device:
-    device: object  # wgpu.GPUDevice
+    device: object  # GPUDevice of `api`
     adapter: object
     info: dict
-    features: frozenset[str]
+    features: frozenset[str]  # infr's names (WANTED_FEATURES, subgroup-matrix)
     limits: dict
+    api: object = None  # the wgpu-py API module: wgpu, or wgpudawn for the Dawn tier
+    flavor: str = "wgpu"
+
+    def __post_init__(self):
+        if self.api is None:
+            import wgpu
+
+            self.api = wgpu
+
+    @property
+    def dawn(self) -> bool:
+        return self.flavor == "dawn"
 
     @property
     def name(self) -> str:
-        return f"{self.info.get('device', '?')} ({self.info.get('backend_type', '?')})"
+        tier = ", Dawn" if self.dawn else ""
+        return f"{self.info.get('device', '?')} ({self.info.get('backend_type', '?')}{tier})"
 
     @property
     def max_binding(self) -> int:
@@ -63,22 +90,47 @@ class Device:
         return self._subgroup_size
 
 
-def list_adapters() -> list:
+@lru_cache(maxsize=None)
+def api_module(flavor: str = "wgpu"):
+    """The wgpu-py API module of an implementation (Dawn's with its instance toggles set, once:
+    before its instance exists)."""
+    if flavor not in FLAVORS:
+        raise InfrError(f"unknown WebGPU implementation {flavor!r}; choose one of {', '.join(FLAVORS)}")
     try:
-        import wgpu
-    except ImportError as e:  # pragma: no cover - wgpu is a dependency
-        raise NoAdapterError(f"wgpu is not importable: {e}") from None
+        api = __import__(FLAVORS[flavor])
+    except ImportError as e:
+        hint = " (the Dawn tier is an extra: pip install wgpudawn)" if flavor == "dawn" else ""
+        raise NoAdapterError(f"{FLAVORS[flavor]} is not importable: {e}{hint}") from None
+    if flavor == "dawn":
+        from wgpudawn.backends.dawn import extras
+
+        try:
+            extras.set_instance_extras(enable_toggles=list(DAWN_TOGGLES))
+        except RuntimeError as e:  # another user of wgpudawn in this process made its instance first
+            warnings.warn(f"Dawn runs without infr's toggles {DAWN_TOGGLES}: {e}", stacklevel=2)
+    return api
+
+
+def feature_names(flavor: str) -> dict[str, str]:
+    """infr's feature name -> the implementation's."""
+    return dict(_DAWN_FEATURES) if flavor == "dawn" else {f: f for f in WANTED_FEATURES}
+
+
+def list_adapters(flavor: str = "wgpu") -> list:
+    api = api_module(flavor)
     try:
-        adapters = wgpu.gpu.enumerate_adapters_sync()
+        adapters = api.gpu.enumerate_adapters_sync()
+        if not adapters and flavor == "dawn":  # Dawn lists no Null adapter (WGPU_BACKEND_TYPE=Null) but gives one
+            adapters = [a for a in (api.gpu.request_adapter_sync(power_preference="high-performance"),) if a]
     except Exception as e:  # no Vulkan/Metal/DX12 loader at all
         raise NoAdapterError(f"no WebGPU adapter: {e}") from None
     return sorted(adapters, key=lambda a: _TYPE_RANK.get(a.info.get("adapter_type", "Unknown"), 4))
 
 
 @lru_cache(maxsize=None)
-def get_device(index: int | None = None) -> Device:
-    """The process-wide device (pipelines and buffers are shared across sessions)."""
-    adapters = list_adapters()
+def get_device(index: int | None = None, flavor: str = "wgpu") -> Device:
+    """The process-wide device of an implementation (pipelines and buffers are shared across sessions)."""
+    adapters = list_adapters(flavor)
     if not adapters:
         raise NoAdapterError("no WebGPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers)")
     if index is None and os.environ.get("INFR_DEVICE"):
@@ -89,10 +141,11 @@ def get_device(index: int | None = None) -> Device:
     if index is not None and not 0 <= index < len(adapters):
         raise InfrError(f"device {index} does not exist; {len(adapters)} adapter(s): see `infr devices`")
     adapter = adapters[index or 0]
-    features = [f for f in WANTED_FEATURES if f in adapter.features]
+    names = feature_names(flavor)
+    ours = [f for f, theirs in names.items() if theirs in adapter.features]
     limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
-    device = adapter.request_device_sync(required_features=features, required_limits=limits)
-    return Device(device, adapter, dict(adapter.info), frozenset(features), limits)
+    device = adapter.request_device_sync(required_features=[names[f] for f in ours], required_limits=limits)
+    return Device(device, adapter, dict(adapter.info), frozenset(ours), limits, api_module(flavor), flavor)
 
 
 def _probe_subgroup_size(dev: Device) -> int:

@@ -111,11 +111,14 @@ class GemvTuning:
     U: int = 2
     SG: int = -1
     NT: int = 8
+    UNCHECKED: int = 0  # 1: compiled without wgpu's runtime checks (runtime.unchecked_module)
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":
-        t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in ("R", "U", "SG", "NT") if env.get(f"INFR_GEMV_{k}")})
-        if t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16):
+        keys = ("R", "U", "SG", "NT", "UNCHECKED")
+        t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in keys if env.get(f"INFR_GEMV_{k}")})
+        if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
+                or t.UNCHECKED not in (0, 1)):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
 
@@ -159,7 +162,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         SAME_X=str(len(set(fams)) == 1).lower(), ONE_TYPE=str(len(set(qs)) == 1).lower(),
         **{f"DOT{i}": f"w_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
     )
-    pipe = kernels.pipeline("gemv", "main", **consts)
+    pipe = kernels.pipeline("gemv", "main", unchecked=bool(t.UNCHECKED), **consts)
     return pipe, GEMV_TEAMS * (1 if pair else R), nt
 
 

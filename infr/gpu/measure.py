@@ -47,13 +47,12 @@ class Bandwidth:
 
 def _pass_seconds(dev: Device, encode, reps: int) -> tuple[float, str]:
     """Best-of-`reps` seconds of one compute pass filled by `encode(cpass)`."""
-    import wgpu
-
+    BU = dev.api.BufferUsage
     q = dev.device.queue
     stamped = dev.has("timestamp-query")
     if stamped:
         qs = dev.device.create_query_set(type="timestamp", count=2)
-        resolve = dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        resolve = dev.device.create_buffer(size=16, usage=BU.QUERY_RESOLVE | BU.COPY_SRC)
     best = float("inf")
     for _ in range(reps):
         enc = dev.device.create_command_encoder()

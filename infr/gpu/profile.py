@@ -35,12 +35,11 @@ class Timer:
     """Timestamp queries for one device; collects (label, bytes, ns) per dispatch."""
 
     def __init__(self, dev):
-        import wgpu
-
+        BU = dev.api.BufferUsage
         self.dev = dev
         self.query_set = dev.device.create_query_set(type="timestamp", count=CAPACITY)
         self.resolve = dev.device.create_buffer(
-            size=8 * CAPACITY, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+            size=8 * CAPACITY, usage=BU.QUERY_RESOLVE | BU.COPY_SRC
         )
         self._labels: list = []
         self._pending: list[tuple[list, object]] = []
@@ -58,12 +57,11 @@ class Timer:
 
     def flush(self, encoder) -> None:
         """After the pass ends: resolve this submit's timestamps into a buffer of their own."""
-        import wgpu
-
+        BU = self.dev.api.BufferUsage
         n = len(self._labels)
         if not n:
             return
-        staging = self.dev.device.create_buffer(size=8 * n, usage=wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
+        staging = self.dev.device.create_buffer(size=8 * n, usage=BU.COPY_DST | BU.COPY_SRC)
         encoder.resolve_query_set(self.query_set, 0, n, self.resolve, 0)
         encoder.copy_buffer_to_buffer(self.resolve, 0, staging, 0, 8 * n)
         self._pending.append((self._labels, staging))

@@ -85,7 +85,11 @@ class Kernels:
 
             t0 = time.perf_counter()
             code = load_source(name, consts)
-            if unchecked:
+            if self.dev.dawn:
+                # Tint wants the enables naga refuses; Dawn's robustness is off device-wide
+                # (device.DAWN_TOGGLES), so `unchecked` needs nothing more there.
+                module = self.dev.device.create_shader_module(label=name, code=dawn_source(code))
+            elif unchecked:
                 module = unchecked_module(self.dev.device, name, code)
             else:
                 module = self.dev.device.create_shader_module(label=name, code=code)
@@ -106,6 +110,18 @@ class Kernels:
             else:
                 entries.append({"binding": i, "resource": {"buffer": res, "offset": 0, "size": res.size}})
         return self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+
+_F16 = re.compile(r"\bf16\b|vec[234]h\b")
+_SUBGROUP = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
+
+
+def dawn_source(code: str) -> str:
+    """A kernel as Tint takes it: `enable f16;` / `enable subgroups;` before sources that use
+    them (naga rejects the subgroups enable, so the .wgsl files leave both out)."""
+    enables = [e for e, pat in (("f16", _F16), ("subgroups", _SUBGROUP))
+               if pat.search(code) and not re.search(rf"^\s*enable\s+{e}\s*;", code, re.MULTILINE)]
+    return "".join(f"enable {e};\n" for e in enables) + code
 
 
 def unchecked_module(device, label: str, code: str):
@@ -139,10 +155,9 @@ class Dispatch:
 
 def storage(dev: Device, data: np.ndarray | int, label: str = "", uniform: bool = False):
     """A storage (or uniform) buffer holding `data`, or `data` bytes of zeros; sizes padded to 16."""
-    import wgpu
-
-    usage = wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-    usage |= wgpu.BufferUsage.UNIFORM if uniform else wgpu.BufferUsage.STORAGE
+    BU = dev.api.BufferUsage
+    usage = BU.COPY_DST | BU.COPY_SRC
+    usage |= BU.UNIFORM if uniform else BU.STORAGE
     if isinstance(data, int):
         return dev.device.create_buffer(label=label, size=max(16, _pad(data)), usage=usage)
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -157,16 +172,24 @@ def _pad(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-try:  # wgpu-native's C entry points through wgpu-py's own cffi handles
-    from wgpu.backends.wgpu_native._api import ffi as _ffi
-    from wgpu.backends.wgpu_native._api import lib as _lib
+_RAW: dict[str, tuple | None] = {}
 
-    _SET_PIPELINE = _lib.wgpuComputePassEncoderSetPipeline
-    _SET_BIND_GROUP = _lib.wgpuComputePassEncoderSetBindGroup
-    _DISPATCH = _lib.wgpuComputePassEncoderDispatchWorkgroups
-    _TIMESTAMP = _lib.wgpuComputePassEncoderWriteTimestamp
-except Exception:  # another wgpu backend: use the portable API
-    _lib = None
+
+def raw_calls(flavor: str) -> tuple | None:
+    """(NULL, SetPipeline, SetBindGroup, DispatchWorkgroups) of the implementation's C API
+    through its wgpu-py module's own cffi handles (both share webgpu.h's names), or None
+    where they cannot be had (the portable API is used then)."""
+    if flavor not in _RAW:
+        try:
+            if flavor == "dawn":
+                from wgpudawn.backends.dawn._api import ffi, lib
+            else:
+                from wgpu.backends.wgpu_native._api import ffi, lib
+            _RAW[flavor] = (ffi.NULL, lib.wgpuComputePassEncoderSetPipeline,
+                            lib.wgpuComputePassEncoderSetBindGroup, lib.wgpuComputePassEncoderDispatchWorkgroups)
+        except Exception:
+            _RAW[flavor] = None
+    return _RAW[flavor]
 
 
 class Recording:
@@ -180,7 +203,12 @@ class Recording:
 
     def __init__(self, dispatches: Sequence[Dispatch]):
         self.dispatches = list(dispatches)
-        self.raw = [(d.pipeline._internal, d.bind_group._internal, *d.groups) for d in self.dispatches] if _lib else None
+        # The implementation is the one that made the pipelines: handles of one passed to the
+        # other's C functions would crash, so it is read off the objects, not passed in.
+        dawn = bool(self.dispatches) and type(self.dispatches[0].pipeline).__module__.startswith("wgpudawn")
+        self.calls = raw_calls("dawn" if dawn else "wgpu")
+        self.raw = [(d.pipeline._internal, d.bind_group._internal, *d.groups) for d in self.dispatches] \
+            if self.calls else None
 
     def __len__(self) -> int:
         return len(self.dispatches)
@@ -198,8 +226,8 @@ class Recording:
                     cpass.set_bind_group(0, d.bind_group)
                     cpass.dispatch_workgroups(*d.groups)
             return
-        h, null, last = cpass._internal, _ffi.NULL, None
-        set_pipeline, set_bind_group, dispatch = _SET_PIPELINE, _SET_BIND_GROUP, _DISPATCH
+        h, last = cpass._internal, None
+        null, set_pipeline, set_bind_group, dispatch = self.calls
         for _ in range(times):
             for pipe, bg, x, y, z in self.raw:
                 if pipe is not last:

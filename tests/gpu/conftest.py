@@ -1,5 +1,7 @@
 """GPU tests run on whatever adapter wgpu finds (lavapipe in CI); they skip
-cleanly where none exists, except under CI, where a missing adapter fails."""
+cleanly where none exists, except under CI, where a missing adapter fails.
+INFR_TEST_FLAVOR=dawn runs the kernel tests (those taking the `gpu` fixture) on
+Dawn instead (the Dawn tier, where Dawn finds an adapter: not lavapipe)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ def gpu():
     from infr.gpu.device import get_device
 
     try:
-        return get_device()
+        return get_device(flavor=os.environ.get("INFR_TEST_FLAVOR", "wgpu"))
     except InfrError as e:
         if os.environ.get("CI"):
             raise
