@@ -188,7 +188,7 @@ def main() -> int:
 
         binary = llamacpp.find("server").path
         port = _port()
-        lcmd = [str(binary), "-m", str(path), "-ngl", "999" if args.backend == "gpu" else "0",
+        lcmd = [str(binary), "-m", str(path), "-ngl", "999" if args.backend in ("gpu", "dawn") else "0",
                 "-c", str(args.ctx * args.parallel), "-np", str(args.parallel), "--host", "127.0.0.1",
                 "--port", str(port)]
         print(f"llama-server -np {args.parallel}", file=sys.stderr)

@@ -153,15 +153,16 @@ class Dispatch:
     bytes: int = 0   # weight bytes it reads (the profiler's GB/s); 0 when not a weight op
 
 
-def storage(dev: Device, data: np.ndarray | int, label: str = "", uniform: bool = False):
-    """A storage (or uniform) buffer holding `data`, or `data` bytes of zeros; sizes padded to 16."""
+def storage(dev: Device, data: np.ndarray | int, label: str = "", uniform: bool = False, tail: int = 0):
+    """A storage (or uniform) buffer holding `data`, or `data` bytes of zeros; sizes padded to 16,
+    plus `tail` bytes of zeros (weights: kernels_matmul.WEIGHT_TAIL)."""
     BU = dev.api.BufferUsage
     usage = BU.COPY_DST | BU.COPY_SRC
     usage |= BU.UNIFORM if uniform else BU.STORAGE
     if isinstance(data, int):
         return dev.device.create_buffer(label=label, size=max(16, _pad(data)), usage=usage)
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    buf = dev.device.create_buffer(label=label, size=max(16, _pad(raw.nbytes)), usage=usage)
+    buf = dev.device.create_buffer(label=label, size=max(16, _pad(raw.nbytes) + tail), usage=usage)
     if raw.nbytes:
         padded = raw if raw.nbytes % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
         dev.device.queue.write_buffer(buf, 0, padded)

@@ -89,7 +89,7 @@ def test_gemm_chunked_weight_and_strides(gpu, kernels, qtype):
     N, T = 150, 11
     K = _K(qtype, 512)
     t = make_weight(qtype, N, K, rng)
-    chunks = KM.upload_weight(gpu, t, max_binding=KM.row_bytes(qtype, K) * 45)
+    chunks = KM.upload_weight(gpu, t, max_binding=KM.binding_for_rows(45, KM.row_bytes(qtype, K)))
     assert [(r0, n) for _, r0, n in chunks] == [(0, 45), (45, 45), (90, 45), (135, 15)]
     xs, ys = K + 40, N + 13
     x = rng.standard_normal((T, xs)).astype(np.float32)

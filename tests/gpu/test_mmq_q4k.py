@@ -117,7 +117,7 @@ def test_mmq_chunked_weight_and_stride(gpu, kernels):
     rng = np.random.default_rng(5)
     N, K, T = 150, 512, 21
     t = make_weight(Q.Q4_K, N, K, rng)
-    chunks = KM.upload_weight(gpu, t, max_binding=KM.row_bytes(Q.Q4_K, K) * 45)
+    chunks = KM.upload_weight(gpu, t, max_binding=KM.binding_for_rows(45, KM.row_bytes(Q.Q4_K, K)))
     assert [(r0, n) for _, r0, n in chunks] == [(0, 45), (45, 45), (90, 45), (135, 15)]
     ys = N + 13
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -164,7 +164,7 @@ def test_mmq_gate_up(gpu, kernels, act, N, T, chunk_rows):
     rng = np.random.default_rng([N, T, len(act)])
     K = 768
     wg, wu = make_weight(Q.Q4_K, N, K, rng), make_weight(Q.Q4_K, N, K, rng)
-    limit = None if chunk_rows is None else KM.row_bytes(Q.Q4_K, K) * chunk_rows
+    limit = None if chunk_rows is None else KM.binding_for_rows(chunk_rows, KM.row_bytes(Q.Q4_K, K))
     cg, cu = KM.upload_weight(gpu, wg, max_binding=limit), KM.upload_weight(gpu, wu, max_binding=limit)
     assert len(cg) == (1 if chunk_rows is None else -(-N // chunk_rows))
     x = rng.standard_normal((T, K)).astype(np.float32) * 0.1  # gate sums of a few units: silu stays finite

@@ -141,7 +141,7 @@ def test_chunked_weight_and_stride(gpu, kernels, qtype):
     rng = np.random.default_rng(int(qtype))
     N, K, T = 150, 768, 21
     t = make_weight(qtype, N, K, rng)
-    chunks = KM.upload_weight(gpu, t, max_binding=KM.row_bytes(qtype, K) * 45)
+    chunks = KM.upload_weight(gpu, t, max_binding=KM.binding_for_rows(45, KM.row_bytes(qtype, K)))
     assert [(r0, n) for _, r0, n in chunks] == [(0, 45), (45, 45), (90, 45), (135, 15)]
     ys = N + 13
     x = rng.standard_normal((T, K)).astype(np.float32)
