@@ -21,8 +21,10 @@ struct Params {
 
 const NEG_BIG: f32 = -3.0e38;  // finite "minus infinity": no inf - inf anywhere
 
+// #include f16_bits
+
 fn f16_round(v: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+    return unpack2x16float(f16_bits(v)).x;
 }
 
 fn tanh_safe(v: f32) -> f32 {

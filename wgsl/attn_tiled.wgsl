@@ -103,7 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var word = 0u;
         if (r < nq) {
             let b = ((t0 + r) * params.n_heads + h) * HD + 2u * w;
-            word = pack2x16float(vec2<f32>(q[b], q[b + 1u]));  // the f16 rounding of q
+            word = pack_f16(q[b], q[b + 1u]);  // the f16 rounding of q
         }
         qs[r * QS + w] = word;
     }

@@ -2,7 +2,7 @@
 // is position rows[2t] of sequence slot rows[2t + 1], stored at its cache row
 // through the block table (paging.wgsl). Padding rows (t >= state[1]) write nothing.
 // Cache layout [n_blocks * BS, kv_heads, head_dim] of f16, two halves per u32 word
-// (pack2x16float: element 2j in the low half, as little-endian f16 arrays lie).
+// (pack_f16: element 2j in the low half, as little-endian f16 arrays lie).
 // Dispatch (kv_heads, T, 1); head_dim and v_head_dim are even.
 
 struct Params {
@@ -24,6 +24,7 @@ const WG: u32 = 64u;
 @group(0) @binding(7) var<storage, read> block_table: array<u32>;
 
 // #include paging
+// #include f16_bits
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -37,11 +38,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kw = params.head_dim / 2u;
     for (var j = tid; j < kw; j += WG) {
         let o = src * params.head_dim + 2u * j;
-        kcache[row * kw + j] = pack2x16float(vec2<f32>(k[o], k[o + 1u]));
+        kcache[row * kw + j] = pack_f16(k[o], k[o + 1u]);
     }
     let vw = params.v_head_dim / 2u;
     for (var j = tid; j < vw; j += WG) {
         let o = src * params.v_head_dim + 2u * j;
-        vcache[row * vw + j] = pack2x16float(vec2<f32>(v[o], v[o + 1u]));
+        vcache[row * vw + j] = pack_f16(v[o], v[o + 1u]);
     }
 }

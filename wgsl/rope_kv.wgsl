@@ -42,6 +42,7 @@ const STYLE: u32 = {{STYLE}};
 @group(0) @binding(9) var<storage, read> block_table: array<u32>;
 
 // #include paging
+// #include f16_bits
 
 var<workgroup> row: array<f32, MAX_D>;
 
@@ -112,11 +113,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         k[base + d] = row[d];
     }
     for (var j = tid; j < hd / 2u; j += WG) {
-        kcache[crow * (hd / 2u) + j] = pack2x16float(vec2<f32>(row[2u * j], row[2u * j + 1u]));
+        kcache[crow * (hd / 2u) + j] = pack_f16(row[2u * j], row[2u * j + 1u]);
     }
     let vw = params.v_head_dim / 2u;
     let vbase = (t * params.kv_heads + h) * params.v_head_dim;
     for (var j = tid; j < vw; j += WG) {
-        vcache[crow * vw + j] = pack2x16float(vec2<f32>(v[vbase + 2u * j], v[vbase + 2u * j + 1u]));
+        vcache[crow * vw + j] = pack_f16(v[vbase + 2u * j], v[vbase + 2u * j + 1u]);
     }
 }
