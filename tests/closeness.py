@@ -38,6 +38,17 @@ def assert_follows_greedy(cpu_be, prompt, got, start: int | None = None) -> None
         logits = cpu_be.forward([t], len(prompt) + i)[-1]
 
 
+def assert_gpu_follows_cpu(gpu_be, cpu_be, prompt, n_greedy: int) -> None:
+    """A GPU backend against the CPU reference on a random-token prompt: the prefill's last logits
+    are close (8-bit activations), and greedy decode after its first 6 tokens is a chain of more
+    than two tokens that the reference follows (near-ties may go either way)."""
+    assert_logits_close(gpu_be.forward(prompt, 0, n_logits=4), cpu_be.forward(prompt, 0, n_logits=4), True)
+    first = int(np.argmax(gpu_be.forward(prompt[:6], 0)[-1]))
+    got = [first] + gpu_be.decode_greedy(first, 6, n_greedy)
+    assert_follows_greedy(cpu_be, prompt[:6], got)
+    assert len(set(got)) > 2  # a real chain, not one token repeated
+
+
 def rounds_activations(gf, plan) -> bool:
     return any(isinstance(op, MatMul) and gf.tensor(op.weight).qtype in Q8_ACTIVATIONS for op in plan.ops)
 

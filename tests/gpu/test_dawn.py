@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from closeness import assert_follows_greedy, assert_logits_close  # tests/ is on sys.path
+from closeness import assert_gpu_follows_cpu  # tests/ is on sys.path
 from infr import synth
 from infr.cpu.backend import CPUBackend
 from infr.errors import InfrError
@@ -47,13 +47,7 @@ def test_greedy_equals_cpu(tmp_path, dawn, weight_type):
     plan = build_plan(build_spec(gf))
     be, cpu_be = GPUBackend(gf, plan, 96, dev=dawn), CPUBackend(gf, plan, 96)
     assert be.name == "dawn"
-    rng = np.random.default_rng(2)
-    prompt = rng.integers(0, spec.n_vocab, 40).tolist()
-    assert_logits_close(be.forward(prompt, 0, n_logits=4), cpu_be.forward(prompt, 0, n_logits=4), True)
-    first = int(np.argmax(be.forward(prompt[:6], 0)[-1]))
-    got = [first] + be.decode_greedy(first, 6, 12)
-    assert_follows_greedy(cpu_be, prompt[:6], got)
-    assert len(set(got)) > 2
+    assert_gpu_follows_cpu(be, cpu_be, np.random.default_rng(2).integers(0, spec.n_vocab, 40).tolist(), 12)
 
 
 def test_engine_batched_equals_alone_and_cpu(tmp_path, dawn):

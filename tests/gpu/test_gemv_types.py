@@ -196,7 +196,7 @@ def test_q4_k_m_mix_greedy_equals_cpu(tmp_path, gpu, weight_type, n_embd, n_ff):
     mixed q|k|v stack of the 6-bit layers runs as one GEMV, greedy decode on
     the GPU gives the CPU reference's tokens, and a 40-token prefill (the
     batched kernels, each matrix of the mixed stack on its own) its logits."""
-    from closeness import assert_follows_greedy, assert_logits_close
+    from closeness import assert_gpu_follows_cpu
 
     from infr import synth
     from infr.cpu.backend import CPUBackend
@@ -219,12 +219,7 @@ def test_q4_k_m_mix_greedy_equals_cpu(tmp_path, gpu, weight_type, n_embd, n_ff):
     assert sum("_stacked" in lb for lb in labels) == plan.spec.n_layers
     assert not any(lb.startswith("matmul_") for lb in labels), labels  # every matrix in the int8 GEMV
 
-    rng = np.random.default_rng(1)
-    prompt = rng.integers(0, spec.n_vocab, 40).tolist()
-    assert_logits_close(gpu_be.forward(prompt, 0, n_logits=4), cpu_be.forward(prompt, 0, n_logits=4), True)
-    first = int(np.argmax(gpu_be.forward(prompt[:6], 0)[-1]))
-    got = [first] + gpu_be.decode_greedy(first, 6, 9)
     # The reference follows the GPU's tokens (this random model has near-ties: 0.013 between its
     # top two at step 9, which one reduction order of the GEMV picks one way and another the other).
-    assert_follows_greedy(cpu_be, prompt[:6], got)
-    assert len(set(got)) > 2  # a real chain, not one token repeated
+    prompt = np.random.default_rng(1).integers(0, spec.n_vocab, 40).tolist()
+    assert_gpu_follows_cpu(gpu_be, cpu_be, prompt, 9)
