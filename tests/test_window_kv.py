@@ -203,3 +203,24 @@ def test_window_blocks_in_metrics_and_bench(tiny_gemma3):
     info = bench.kv_info(model)
     assert info["kv_window_blocks"] == model.window_pool.n_blocks < info["kv_blocks"] == model.pool.n_blocks
     assert 0 < info["kv_window_blocks_peak"] < info["kv_blocks_peak"] == -(-305 // BLOCK_SIZE)
+
+
+def test_a_memory_budget_gives_the_window_layers_savings_to_the_full_pool(tiny_gemma3, monkeypatch):
+    """`--kv-size 2%`: the window store takes what two windows and a step need, and the rest of the
+    fraction goes to the full layers' blocks: about seven times the blocks one store for every layer
+    had (tiny-gemma3: one global layer in seven), so more sequences fit."""
+    from infr import memory
+    from infr.kvpool import KVBudget, window_blocks
+
+    monkeypatch.setattr(memory, "free_ram", lambda: 1 << 30)
+    model = Model(tiny_gemma3, n_ctx=256, backend="cpu", parallel=2, kv_tokens=KVBudget(0.02))
+    plan = model.plan
+    budget = 0.02 * ((1 << 30) - KVBudget.RESERVE)
+    need = window_blocks(plan.window, BLOCK_SIZE, 2, 512, model.backend.multi_step, 256 // BLOCK_SIZE)
+    assert model.window_pool.n_blocks == model.backend.n_window_blocks == need == 2 * 4 + 16
+    reserved = need * BLOCK_SIZE * plan.kv_bytes_per_token(True)
+    assert model.pool.n_blocks == int(budget - reserved) // (plan.kv_bytes_per_token(False) * BLOCK_SIZE)
+    one_store = int(budget) // (plan.kv_bytes_per_token() * BLOCK_SIZE)
+    assert model.pool.n_blocks > 6 * one_store
+    (r,) = _run(model, [list(range(1, 120))])
+    assert len(r.output) == 6 and model.pool.used == model.window_pool.used == 0
