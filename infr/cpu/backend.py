@@ -151,11 +151,11 @@ class CPUBackend:
         full = {int(s): np.asarray(t, np.int64) for s, t in tables.items()}
         win = full if window_tables is None else {int(s): np.asarray(t, np.int64) for s, t in window_tables.items()}
         # A released window block (kvseq.RELEASED) is older than every row's window: its keys are masked, so any
-        # block stands in for it in the gathers (the write above refuses it).
-        ctx = _Rows(pos, slots, {False: full, True: win}, {
-            False: self._physical(pos, slots, full, self.n_blocks),
-            True: self._physical(pos, slots, win, self.n_window_blocks)},
-            generated)
+        # block stands in for it in the gathers (_Rows.groups); a write into one is refused (_physical).
+        phys = self._physical(pos, slots, full, self.n_blocks)
+        same = window_tables is None and self.n_window_blocks == self.n_blocks  # one table, one size: one answer
+        wphys = phys if same else self._physical(pos, slots, win, self.n_window_blocks)
+        ctx = _Rows(pos, slots, {False: full, True: win}, {False: phys, True: wphys}, generated)
         for run in self._body_ops:
             run(env, ids, ctx)
         return env["x"]
