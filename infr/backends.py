@@ -41,19 +41,21 @@ def choose_backend(name: str) -> tuple[str, str | None]:
 
 
 def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks=None,
-                 max_seqs: int = 1) -> "Backend":
+                 max_seqs: int = 1, batch_tokens: int | None = None) -> "Backend":
     """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build.
     `kv_blocks`: the KV store's size in blocks (default: one context), or a kvpool.KVBudget;
-    `max_seqs`: sequences per step."""
+    `max_seqs`: sequences per step; `batch_tokens`: rows per step (with max_seqs, what sizes the
+    sliding-window layers' store: kvpool.store_sizes)."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
-        return CPUBackend(gf, plan, n_ctx, kv_blocks=kv_blocks)
+        return CPUBackend(gf, plan, n_ctx, kv_blocks=kv_blocks, max_seqs=max_seqs, batch_tokens=batch_tokens)
     from infr.gpu.backend import GPUBackend
     from infr.gpu.device import get_device
 
     dev = get_device(flavor="dawn" if name == "dawn" else "wgpu")
-    return GPUBackend(gf, plan, n_ctx, dev=dev, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs)
+    return GPUBackend(gf, plan, n_ctx, dev=dev, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs,
+                      batch_tokens=batch_tokens)
 
 
 class Backend(Protocol):
@@ -63,6 +65,7 @@ class Backend(Protocol):
     plan: Plan
     n_ctx: int
     n_blocks: int  # KV store size in blocks of block_size tokens (infr/kvpool.py)
+    n_window_blocks: int  # the sliding-window layers' store, in blocks (n_blocks where it is as large)
     block_size: int
     kv_bytes_per_token: int  # KV cache bytes one token takes, all layers
     multi_step: int  # greedy decode steps decode_steps runs per call (1: none; the engine calls step)

@@ -38,6 +38,10 @@ class Batch:
     # bool [T]: the row's token was generated (not the prompt's). The CPU reference takes those rows
     # one at a time, so a generated token's sums are the same alone, batched or recomputed. None: none.
     generated: np.ndarray | None = None
+    # slot -> the sliding-window layers' physical blocks (kvseq.RELEASED where a block older than the
+    # window went back: never read). None: those layers read through `tables` too (a backend whose
+    # window store is as large as its full one, or a model without window layers).
+    window_tables: dict[int, list[int]] | None = None
 
     @property
     def rows(self) -> int:
@@ -45,9 +49,10 @@ class Batch:
 
     @classmethod
     def build(cls, chunks: Sequence[tuple[int, Sequence[int], int, list[int], int]],
-              outputs: list[OutputRow]) -> "Batch":
+              outputs: list[OutputRow], window_tables: dict[int, list[int]] | None = None) -> "Batch":
         """chunks: (slot, tokens, first position, block table, prompt length) per sequence, rows in
-        that order; rows at or past the prompt length hold generated tokens."""
+        that order; rows at or past the prompt length hold generated tokens. window_tables: the
+        window layers' tables of those slots (Batch.window_tables)."""
         toks, pos, slots, tables = [], [], [], {}
         for slot, ids, start, table, _ in chunks:
             toks.extend(ids)
@@ -57,7 +62,7 @@ class Batch:
         n_prompt = np.concatenate([np.full(len(c[1]), c[4], np.int64) for c in chunks]) if chunks else np.zeros(0)
         positions = np.asarray(pos, np.int32)
         return cls(np.asarray(toks, np.int32), positions, np.asarray(slots, np.int32), tables, outputs,
-                   positions >= n_prompt)
+                   positions >= n_prompt, window_tables)
 
 
 @dataclass

@@ -53,7 +53,10 @@ FIELDS = (
     "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
     "samples_ns", "samples_ts",
 )
-INFR_FIELDS = ("infr_backend", "device", "load_seconds", "command")
+# kv_*: the KV pools' sizes and the most blocks in use at once over the model's tests; kv_window_*: the
+# sliding-window layers' pool (0 without such layers), whose blocks go back once past the window
+INFR_FIELDS = ("infr_backend", "device", "load_seconds", "command", "kv_blocks", "kv_blocks_peak",
+               "kv_window_blocks", "kv_window_blocks_peak")
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,14 @@ def model_info(path: Path, gf, plan) -> dict:
     }
 
 
+def kv_info(model) -> dict:
+    """The KV pools' blocks and the peak in use so far (full layers; sliding-window layers)."""
+    win = model.window_pool
+    return {"kv_blocks": model.pool.n_blocks, "kv_blocks_peak": model.pool.peak,
+            "kv_window_blocks": win.n_blocks if win is not None else 0,
+            "kv_window_blocks_peak": win.peak if win is not None else 0}
+
+
 def backend_info(be, backend: str) -> dict:
     gpu = backend in ("gpu", "dawn")
     dev = getattr(getattr(be, "dev", None), "name", "")
@@ -367,7 +378,7 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
             samples = time_test(model, test, args.repetitions, warmup=not args.no_warmup)
             record = {**common, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
                       "test_time": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      **stats(test, samples)}
+                      **stats(test, samples), **kv_info(model)}
             results.append({k: record[k] for k in FIELDS + INFR_FIELDS})
             print(f"infr: {path.name} {test.name}: {record['avg_ts']:.2f} t/s", file=sys.stderr)
         del model
@@ -406,7 +417,14 @@ def markdown(results: list[dict]) -> str:
     rule = "| " + " | ".join(("-" * (w - 1) + ":") if h in right else "-" * w for w, h in zip(widths, head)) + " |"
     out = [line(head), rule] + [line(row) for row in rows]
     if results:
-        out += ["", f"build: {results[0]['build_commit']} ({results[0]['build_number']})"]
+        out.append("")
+        last = {r["model_filename"]: r for r in results if "kv_blocks" in r}  # each model's peaks after its tests
+        for name, r in last.items():
+            kv = f"KV blocks: {r['kv_blocks_peak']} of {r['kv_blocks']} at most in use"
+            if r["kv_window_blocks"]:
+                kv += f"; sliding-window layers {r['kv_window_blocks_peak']} of {r['kv_window_blocks']}"
+            out.append(f"{Path(name).name}: {kv}")
+        out.append(f"build: {results[0]['build_commit']} ({results[0]['build_number']})")
     return "\n".join(out)
 
 

@@ -86,11 +86,15 @@ class Model:
         self.backend_name, self.backend_note = choose_backend(backend)
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
         self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
-                                    kv_blocks=kv, max_seqs=parallel)
+                                    kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens)
         self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
         self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
+        # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`
+        # sequences; the engine gives their blocks back as they fall out of the window (infr/kvseq.py).
+        self.window_pool = BlockPool(self.backend.n_window_blocks, BLOCK_SIZE) if self.plan.window else None
         self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
-                                parallel=parallel, batch_tokens=batch_tokens)
+                                parallel=parallel, batch_tokens=batch_tokens, window_pool=self.window_pool,
+                                window=self.plan.window)
 
     def session(self) -> "Session":
         return Session(self)

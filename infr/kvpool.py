@@ -41,15 +41,20 @@ class KVBudget:
         self.fraction = fraction
         self.note = ""  # how it was sized, once blocks() ran: for the start-up report
 
-    def blocks(self, backend, block_size: int, min_blocks: int = 1, max_blocks: int | None = None) -> int:
+    def blocks(self, backend, block_size: int, min_blocks: int = 1, max_blocks: int | None = None,
+               per_token: int | None = None, reserved: int = 0) -> int:
         """Blocks of `block_size` tokens in the fraction of the free memory (less RESERVE), at most
         max_blocks (a per-layer buffer's binding limit); fewer than min_blocks (one context) is
-        an error, not a larger store than asked for."""
+        an error, not a larger store than asked for. `per_token`: bytes a token of a block takes
+        (default backend.kv_bytes_per_token, every layer); `reserved`: bytes of the fraction
+        already spoken for (the sliding-window layers' store, sized by what it must hold)."""
         free = backend.free_memory()
         if free is None:
             raise InfrError(f"--kv-size as a fraction needs the free memory of the {backend.name} backend's device, "
                             "which it cannot query here; give the KV cache size in tokens")
-        n = int(self.fraction * max(0, free[0] - self.RESERVE)) // (backend.kv_bytes_per_token * block_size)
+        per_token = per_token or backend.kv_bytes_per_token
+        n = int(self.fraction * max(0, free[0] - self.RESERVE) - reserved) // (per_token * block_size)
+        n = max(n, 0)
         self.note = f"{self.fraction:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]}"
         if max_blocks is not None and n > max_blocks:
             n = max_blocks
@@ -58,6 +63,44 @@ class KVBudget:
             raise InfrError(f"--kv-size {self.fraction:g}: {self.note} holds {n * block_size} tokens, "
                             f"less than one context ({min_blocks * block_size}); give more, or a smaller --ctx")
         return n
+
+
+def window_blocks(window: int, block_size: int, max_seqs: int, batch_tokens: int, ahead: int,
+                  blocks_per_seq: int) -> int:
+    """Blocks the sliding-window layers' pool needs so that it is never what stops a step: each of
+    max_seqs sequences holds the blocks of the window - 1 keys before its first row (a block more
+    where they straddle one), and its rows' own: `ahead` positions of a multi-step decode call,
+    or its share of the step's batch_tokens prompt rows (a block more each for alignment). A
+    sequence never holds more than blocks_per_seq (one context). llama.cpp sizes its SWA cache
+    the same way: the window times the sequences, plus one batch."""
+    per_seq = -(-(window - 1) // block_size) + 1 + -(-max(ahead, 1) // block_size) + 1
+    return max_seqs * min(blocks_per_seq, per_seq) + -(-batch_tokens // block_size)
+
+
+def store_sizes(backend, plan, kv_blocks: "int | KVBudget | None", block_size: int, blocks_per_seq: int,
+                max_seqs: int | None = None, batch_tokens: int | None = None, max_blocks: int | None = None,
+                ) -> tuple[int, int]:
+    """(blocks of the full layers' store, blocks of the sliding-window layers' store) for a
+    backend of this plan. `kv_blocks`: the full store's blocks (at least one context), or a
+    KVBudget: the memory fraction less what the window store takes goes to the full store, so
+    more sequences fit. The window store is sized by window_blocks for max_seqs sequences of
+    batch_tokens rows a step (ahead: the backend's multi_step), at most the full store's size;
+    without max_seqs, or without full layers to give the memory to, it is the full store's size
+    (so one sequence can run over an identity table: forward())."""
+    full_b, win_b = plan.kv_bytes_per_token(False), plan.kv_bytes_per_token(True)
+    need = None
+    if plan.window and full_b and max_seqs is not None:
+        need = window_blocks(plan.window, block_size, max_seqs, batch_tokens or block_size, backend.multi_step,
+                             blocks_per_seq)
+    if isinstance(kv_blocks, KVBudget):
+        if need is None:
+            n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks)
+            return n, n
+        n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks, per_token=full_b,
+                             reserved=need * block_size * win_b)
+        return n, min(n, need)
+    n = max(int(kv_blocks or 0), blocks_per_seq)
+    return n, n if need is None else min(n, need)
 
 
 def parse_kv_size(text: str) -> "int | KVBudget":
@@ -98,6 +141,7 @@ class BlockPool:
         self._free = list(range(self.n_blocks - 1, -1, -1))  # never hashed, or evicted: pop() takes block 0 first
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced but hashed, oldest release first
         self.evicted = 0
+        self.peak = 0  # most blocks in use at once
 
     # --- queries
 
@@ -133,6 +177,7 @@ class BlockPool:
             if self.ref[b] == 0:
                 self._cached.pop(b, None)
             self.ref[b] += 1
+        self.peak = max(self.peak, self.used)
 
     def allocate(self) -> int:
         """A fresh block (referenced once), evicting the oldest cached one if needed."""
@@ -146,6 +191,7 @@ class BlockPool:
         else:
             raise PoolFull("every KV block is in use")
         self.ref[b] = 1
+        self.peak = max(self.peak, self.used)
         return b
 
     def release(self, blocks: Sequence[int]) -> None:

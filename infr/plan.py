@@ -29,6 +29,11 @@ class KVState:
     v_head_dim: int
     window: int | None = None  # sliding window: only the last `window` positions are read
 
+    @property
+    def bytes_per_token(self) -> int:
+        """f16 K and V of one token."""
+        return 2 * self.n_kv_heads * (self.head_dim + self.v_head_dim)
+
 
 LayerState = KVState  # recurrent state (conv + matrix per sequence) joins as another kind
 
@@ -44,6 +49,18 @@ class Plan:
     @property
     def ops(self) -> tuple[Op, ...]:
         return self.embed + self.layers + self.head
+
+    @property
+    def window(self) -> int | None:
+        """The widest sliding window of the plan's window layers (None: every layer sees every
+        position). The engine keeps those layers' KV in a pool of its own and gives blocks back once
+        they fall out of this window (infr/kvseq.py)."""
+        return max((st.window for st in self.state if st.window), default=None)
+
+    def kv_bytes_per_token(self, windowed: bool | None = None) -> int:
+        """KV bytes a token takes in every layer (None), in the window layers (True) or in the
+        others (False): what a block of each pool costs per token."""
+        return sum(st.bytes_per_token for st in self.state if windowed is None or bool(st.window) == windowed)
 
     @property
     def bound(self) -> bool:

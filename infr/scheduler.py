@@ -8,7 +8,9 @@ prompt first takes any full blocks an earlier request left with the same
 prefix (infr/kvpool.py). When a step needs a block and none is free, the
 latest-admitted request is preempted: its blocks are released (its full ones
 stay cached) and it is recomputed later from its tokens so far, so its output
-is unchanged. A cancelled request frees its blocks at the next step.
+is unchanged. A cancelled request frees its blocks at the next step. Before
+each step, the sliding-window layers' blocks that no scheduled row can see any
+more go back to their pool (infr/kvseq.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 
 from infr.batch import Batch, OutputRow
 from infr.errors import InfrError
-from infr.kvpool import BlockPool, PoolFull, block_hashes
+from infr.kvpool import BlockPool
+from infr.kvseq import KVCache, SeqBlocks
 from infr.numerics import has_penalties
 from infr.sampling import Sampler, SamplingParams
 
@@ -54,8 +57,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # prompt + output: what the sequence holds or will
     output: list[int] = field(default_factory=list)
     computed: int = 0  # leading tokens whose KV is in the cache
-    blocks: list[int] = field(default_factory=list)
-    hashes: list[bytes] = field(default_factory=list)  # of blocks[:len(hashes)], registered in the pool
+    kv: SeqBlocks = field(default_factory=SeqBlocks)  # its KV blocks (tables per pool) and their hashes
     slot: int | None = None
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     finish_reason: str | None = None  # stop | length | cancelled | error
@@ -104,12 +106,17 @@ class Scheduler:
     """Owns the requests and the pool's bookkeeping; `step()` runs one batch on the backend."""
 
     def __init__(self, backend, pool: BlockPool, n_ctx: int, is_eog: Callable[[int], bool], n_vocab: int,
-                 parallel: int = 1, batch_tokens: int = 512):
+                 parallel: int = 1, batch_tokens: int = 512, window_pool: BlockPool | None = None,
+                 window: int | None = None):
+        """`window_pool`, `window`: where the model has sliding-window layers, the pool of their
+        KV blocks and their window (infr/kvseq.py); None: every layer's KV is in `pool`."""
         if parallel < 1:
             raise InfrError(f"--parallel must be at least 1, got {parallel}")
         if batch_tokens < parallel:
             raise InfrError(f"the batch-token budget ({batch_tokens}) must be at least --parallel ({parallel})")
         self.backend, self.pool, self.n_ctx = backend, pool, n_ctx
+        self.window_pool = window_pool
+        self.kv = KVCache(pool, window_pool, window)
         self.is_eog, self.n_vocab = is_eog, n_vocab
         self.parallel, self.batch_tokens = parallel, batch_tokens
         self.waiting: deque[Request] = deque()
@@ -190,7 +197,8 @@ class Scheduler:
                     mask = None
                 outputs.append(OutputRow(row - 1, req.params, req.tokens, req.sampler, mask, req.want_logits))
                 owners.append(req)
-        batch = Batch.build([(r.slot, r.tokens[s:s + n], s, r.blocks, len(r.prompt)) for r, s, n in chunks], outputs)
+        batch = Batch.build([(r.slot, r.tokens[s:s + n], s, r.kv.full, len(r.prompt)) for r, s, n in chunks], outputs,
+                            self._window_tables(r for r, _, _ in chunks))
         t0 = time.perf_counter()
         try:
             res = self.backend.step(batch)
@@ -202,7 +210,7 @@ class Scheduler:
         for req, start, n in chunks:
             if not req.done:
                 req.computed = start + n
-                self._register_full_blocks(req)
+                self.kv.register(req.kv, req.tokens, req.computed)
         for i, req in enumerate(owners):
             if req.done:
                 continue
@@ -233,10 +241,13 @@ class Scheduler:
             return False
         run = sorted(run, key=lambda r: r.id)
         for r in run:
+            self.kv.trim(r.kv, r.computed)
+        for r in run:
             if not self._grow(r, r.computed + k):
                 return False  # the normal step preempts as needed
         outputs = [OutputRow(i, r.params) for i, r in enumerate(run)]
-        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.blocks, len(r.prompt)) for r in run], outputs)
+        batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.kv.full, len(r.prompt)) for r in run], outputs,
+                            self._window_tables(run))
         try:
             steps = self.backend.decode_steps(batch, k)
         except Exception as e:
@@ -256,7 +267,7 @@ class Scheduler:
                     if r.done:
                         continue
                     r.computed += 1
-                    self._register_full_blocks(r)
+                    self.kv.register(r.kv, r.tokens, r.computed)
                     try:
                         self._accept(r, int(token), None)
                     except Exception as e:
@@ -295,12 +306,15 @@ class Scheduler:
         n = min(req.computed, len(tokens) - 1)
         while keep < n and req.tokens[keep] == tokens[keep]:
             keep += 1
-        if keep % bs and keep // bs < len(req.hashes):  # never write into a block the prefix cache shares
+        if keep % bs and keep // bs < len(req.kv.hashes):  # never write into a block the prefix cache shares
             keep -= keep % bs
-        cut = -(-keep // bs)
-        self.pool.release(req.blocks[cut:])
-        req.blocks, req.hashes = req.blocks[:cut], req.hashes[: keep // bs]
-        req.computed, req.tokens = keep, list(tokens)
+        req.tokens = list(tokens)
+        if self.kv.can_continue(req.kv, keep):
+            self.kv.truncate(req.kv, keep)
+            req.computed = keep
+        else:  # its window blocks before `keep` went back: what the prefix cache still holds, else recompute
+            self.kv.release(req.kv)
+            req.computed = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
         req.held, req.last_logits = False, None
         req.done_event.clear()
         self.running.append(req)
@@ -318,9 +332,15 @@ class Scheduler:
         for req in [r for r in self.running if r.cancelled] + [r for r in self.waiting if r.cancelled]:
             self._finish(req, "cancelled")
 
+    def _window_tables(self, reqs) -> dict[int, list[int]] | None:
+        """The window layers' block tables of these requests' slots (None: no window layers)."""
+        return {r.slot: r.kv.window for r in reqs} if self.window_pool is not None else None
+
     def _schedule(self) -> list[tuple[Request, int, int]]:
         budget = self.batch_tokens
         chunks: list[tuple[Request, int, int]] = []
+        for req in self.running:  # window blocks no row of theirs can see any more: back first, for anyone to take
+            self.kv.trim(req.kv, req.computed)
         # Decode rows first (one token each), then prefill chunks of running requests, in arrival order.
         order = sorted(self.running, key=lambda r: (len(r.tokens) - r.computed > 1, r.id))
         for req in order:
@@ -335,8 +355,8 @@ class Scheduler:
         # slot taken takes the one of the longest-paused held sequence (its full blocks stay cached).
         while self.waiting and self.held and not self._free_slots:
             old = self.held.pop(0)
-            self.pool.release(old.blocks)
-            old.blocks, old.hashes, old.computed = [], [], 0
+            self.kv.release(old.kv)
+            old.computed = 0
             self._free_slot(old)
         while self.waiting and self._free_slots and budget > 0:
             req = self.waiting[0]
@@ -355,17 +375,8 @@ class Scheduler:
         return [(r, s, n) for r, s, n in chunks if r in self.running]
 
     def _admit(self, req: Request, chunks) -> bool:
-        """Give req a slot and its cached prefix blocks."""
-        bs = self.pool.block_size
-        if req.cache_prompt:
-            limit = (len(req.tokens) - 1) // bs  # at least one token runs, to give the next token's logits
-            hashes = block_hashes(req.tokens[: limit * bs], bs)
-            blocks = self.pool.match(hashes)
-            self.pool.take(blocks)
-            req.blocks, req.hashes = list(blocks), hashes[: len(blocks)]
-            req.computed = len(blocks) * bs
-        else:
-            req.blocks, req.hashes, req.computed = [], [], 0
+        """Give req a slot and its cached prefix blocks (kvseq.KVCache.admit: the window layers' rule)."""
+        req.computed = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
         if req.cached_tokens is None:
             req.cached_tokens = req.computed
             self.stats.prefix_hit_tokens += req.computed
@@ -375,16 +386,7 @@ class Scheduler:
 
     def _grow(self, req: Request, n_tokens: int) -> bool:
         """Blocks for req's first n_tokens, without preempting anyone."""
-        need = -(-n_tokens // self.pool.block_size) - len(req.blocks)
-        taken = []
-        try:
-            for _ in range(need):
-                taken.append(self.pool.allocate())
-        except PoolFull:
-            self.pool.release(taken)
-            return False
-        req.blocks += taken
-        return True
+        return self.kv.grow(req.kv, n_tokens)
 
     def _reserve(self, req: Request, n_tokens: int) -> bool:
         """Blocks for req's first n_tokens, preempting the latest-admitted requests as needed.
@@ -402,12 +404,11 @@ class Scheduler:
         return True
 
     def _too_big(self) -> str:
-        return (f"the KV pool ({self.pool.n_blocks} blocks of {self.pool.block_size} tokens) cannot hold this "
-                f"request; raise --kv-size")
+        return self.kv.too_big()
 
     def _evict_to_waiting(self, req: Request, front: bool) -> None:
-        self.pool.release(req.blocks)
-        req.blocks, req.hashes, req.computed = [], [], 0
+        self.kv.release(req.kv)
+        req.computed = 0
         self._free_slot(req)
         if front:
             self.waiting.appendleft(req)
@@ -420,16 +421,6 @@ class Scheduler:
         if req.slot is not None:
             self._free_slots.append(req.slot)
             req.slot = None
-
-    def _register_full_blocks(self, req: Request) -> None:
-        bs = self.pool.block_size
-        full = req.computed // bs
-        if full > len(req.hashes):
-            parent = req.hashes[-1] if req.hashes else b""
-            new = block_hashes(req.tokens[: full * bs], bs, start=len(req.hashes), parent=parent)
-            for b, h in zip(req.blocks[len(req.hashes): full], new):
-                self.pool.register(b, h)
-            req.hashes += new
 
     def _accept(self, req: Request, token: int, logits: np.ndarray | None) -> None:
         if req.hold:  # the caller reads the logits and says what comes next (resume)
@@ -459,8 +450,7 @@ class Scheduler:
             return
         req.finish_reason, req.error = reason, error
         req.t_done = time.perf_counter()
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self.kv.release(req.kv)
         self._free_slot(req)
         if req in self.waiting:
             self.waiting.remove(req)

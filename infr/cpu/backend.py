@@ -3,6 +3,8 @@
 The KV cache is a store of blocks per layer ([n_blocks * block_size, kv_heads,
 head_dim], float16 as llama.cpp's default cache is, so rounding matches the
 oracle); a sequence reaches its keys through its block table (infr/kvpool.py).
+Sliding-window layers have a store and block tables of their own, sized for
+their windows (infr/kvseq.py); their released blocks are never read.
 Matmuls run over every row of the batch at once, so a step of eight decode
 rows reads each weight once; attention runs per sequence over its own keys.
 """
@@ -18,7 +20,7 @@ from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
-from infr.kvpool import BLOCK_SIZE, KVBudget
+from infr.kvpool import BLOCK_SIZE, KVBudget, store_sizes
 from infr.memory import free_ram_bytes
 from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
 from infr.plan import Plan, bind
@@ -34,7 +36,9 @@ class CPUBackend:
     multi_step = 1  # the engine runs one step per call (each step's tokens are known at once)
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: "int | KVBudget | None" = None,
-                 block_size: int = BLOCK_SIZE):
+                 block_size: int = BLOCK_SIZE, max_seqs: int | None = None, batch_tokens: int | None = None):
+        """`max_seqs`, `batch_tokens`: the engine's sequences and rows a step, which size the
+        sliding-window layers' store (kvpool.store_sizes; None: as large as the full one's)."""
         self.gf, self.n_ctx = gf, n_ctx
         for name in plan.weights():
             check_supported(gf.tensor(name))  # missing tensor / unsupported type fail at load
@@ -45,13 +49,14 @@ class CPUBackend:
         self.w.load_all(plan.weights(), skip=frozenset() if plan.spec.tied_embeddings else {embed_table})
         self.block_size = int(block_size)
         self.blocks_per_seq = -(-n_ctx // self.block_size)
-        if isinstance(kv_blocks, KVBudget):  # sized now: the weights are in
-            kv_blocks = kv_blocks.blocks(self, self.block_size, self.blocks_per_seq)
-        self.n_blocks = max(int(kv_blocks or 0), self.blocks_per_seq)
-        rows = self.n_blocks * self.block_size
+        # (a KVBudget is sized now: the weights are in)
+        self.n_blocks, self.n_window_blocks = store_sizes(self, plan, kv_blocks, self.block_size, self.blocks_per_seq,
+                                                          max_seqs, batch_tokens)
         self.k_cache: dict[int, np.ndarray] = {}
         self.v_cache: dict[int, np.ndarray] = {}
+        self.windowed = {st.layer: bool(st.window) for st in plan.state}  # which store and tables a layer uses
         for st in plan.state:
+            rows = (self.n_window_blocks if st.window else self.n_blocks) * self.block_size
             self.k_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.head_dim), np.float16)
             self.v_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.v_head_dim), np.float16)
         ropes: dict = {}
@@ -60,7 +65,7 @@ class CPUBackend:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return sum(2 * st.n_kv_heads * (st.head_dim + st.v_head_dim) for st in self.plan.state)
+        return self.plan.kv_bytes_per_token()
 
     # --- one sequence (tools and tests): slot 0 over blocks 0.. in order
 
@@ -74,6 +79,9 @@ class CPUBackend:
                 f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}"
             )
         self._check_ids(ids)
+        if self.n_window_blocks < self.blocks_per_seq:
+            raise InfrError("forward() runs one sequence over blocks 0..: this backend's sliding-window store "
+                            "holds less than one context (it is sized for the engine's step())")
         pos = np.arange(start, start + len(ids))
         table = {0: list(range(self.blocks_per_seq))}
         decode = np.full(len(ids), len(ids) == 1 and start > 0)
@@ -89,7 +97,7 @@ class CPUBackend:
         if len(batch.positions) and int(batch.positions.max()) >= self.n_ctx:
             raise ContextFullError(f"context full: position {int(batch.positions.max())} is past {self.n_ctx}")
         gen = batch.generated
-        x = self._body(ids, np.asarray(batch.positions, np.int64), batch.slots, batch.tables, gen)
+        x = self._body(ids, np.asarray(batch.positions, np.int64), batch.slots, batch.tables, gen, batch.window_tables)
         outs = batch.outputs
         if not outs:
             return StepResult([])
@@ -112,7 +120,7 @@ class CPUBackend:
             tokens = self.step(batch).tokens
             yield tokens
             batch = Batch(np.asarray(tokens, np.int32), batch.positions + 1, batch.slots, batch.tables, batch.outputs,
-                          np.ones(batch.rows, bool))
+                          np.ones(batch.rows, bool), batch.window_tables)
 
     # --- execution
 
@@ -120,23 +128,34 @@ class CPUBackend:
         if len(ids) and (ids.min() < 0 or ids.max() >= self.plan.spec.n_vocab):
             raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
 
-    def _physical(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]]) -> np.ndarray:
-        """Store rows of (slot, position) pairs."""
+    def _physical(self, pos: np.ndarray, slots: np.ndarray, tables: dict[int, np.ndarray], n_blocks: int) -> np.ndarray:
+        """Store rows of (slot, position) pairs, in a store of n_blocks blocks."""
         bs = self.block_size
         out = np.empty(len(pos), np.int64)
         for s in np.unique(slots):
             sel = slots == s
-            table = np.asarray(tables[int(s)], np.int64)
+            table = tables[int(s)]
             p = pos[sel]
             if len(p) and int(p.max()) // bs >= len(table):
                 raise InfrError(f"position {int(p.max())} of slot {int(s)} is past its {len(table)} KV blocks")
-            out[sel] = table[p // bs] * bs + p % bs
+            blocks = table[p // bs]
+            if len(p) and not 0 <= int(blocks.min()) <= int(blocks.max()) < n_blocks:
+                raise InfrError(f"slot {int(s)} writes KV into a block outside 0..{n_blocks - 1} (or a released one)")
+            out[sel] = blocks * bs + p % bs
         return out
 
     def _body(self, ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, tables: dict[int, list[int]],
-              generated: np.ndarray | None = None) -> np.ndarray:
+              generated: np.ndarray | None = None, window_tables: dict[int, list[int]] | None = None) -> np.ndarray:
         env: dict[str, np.ndarray] = {}
-        ctx = _Rows(pos, np.asarray(slots), tables, self._physical(pos, np.asarray(slots), tables), generated)
+        slots = np.asarray(slots)
+        full = {int(s): np.asarray(t, np.int64) for s, t in tables.items()}
+        win = full if window_tables is None else {int(s): np.asarray(t, np.int64) for s, t in window_tables.items()}
+        # A released window block (kvseq.RELEASED) is older than every row's window: its keys are masked, so any
+        # block stands in for it in the gathers (_Rows.groups); a write into one is refused (_physical).
+        phys = self._physical(pos, slots, full, self.n_blocks)
+        same = window_tables is None and self.n_window_blocks == self.n_blocks  # one table, one size: one answer
+        wphys = phys if same else self._physical(pos, slots, win, self.n_window_blocks)
+        ctx = _Rows(pos, slots, {False: full, True: win}, {False: phys, True: wphys}, generated)
         for run in self._body_ops:
             run(env, ids, ctx)
         return env["x"]
@@ -179,11 +198,12 @@ class CPUBackend:
             return rope
         if isinstance(op, StoreKV):
             kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
+            windowed = self.windowed[op.layer]
 
             def store(env, ids, ctx):
                 n = len(ctx.pos)
-                kc[ctx.phys] = env[op.k].reshape(n, kc.shape[1], kc.shape[2])
-                vc[ctx.phys] = env[op.v].reshape(n, vc.shape[1], vc.shape[2])
+                kc[ctx.phys[windowed]] = env[op.k].reshape(n, kc.shape[1], kc.shape[2])
+                vc[ctx.phys[windowed]] = env[op.v].reshape(n, vc.shape[1], vc.shape[2])
             return store
         if isinstance(op, Attention):
             return lambda env, ids, ctx: env.__setitem__(op.dst, self._attention(op, env[op.q], ctx))
@@ -222,7 +242,7 @@ class CPUBackend:
         a = op.spec
         kc, vc = self.k_cache[op.layer], self.v_cache[op.layer]
         out = np.empty((q.shape[0], a.n_heads * a.v_head_dim), np.float32)
-        for blocks, decoded in ctx.groups(self.block_size):
+        for blocks, decoded in ctx.groups(self.block_size, self.windowed[op.layer]):
             for sel, offs, keys, pos in blocks:
                 qb = np.zeros((BLOCK, q.shape[1]), np.float32)
                 qb[offs] = q[sel]
@@ -261,10 +281,11 @@ def _matmul(x: np.ndarray, wt: np.ndarray, rows: "_Rows") -> np.ndarray:
 
 class _Rows:
     """Where a batch's rows live: positions, slots and store rows, which rows are generated, and per
-    sequence its block table (computed once per step, used by every layer)."""
+    sequence its block tables (computed once per step, used by every layer). tables and phys are
+    keyed by whether a layer is a sliding-window one (its own store and tables)."""
 
-    def __init__(self, pos: np.ndarray | None, slots: np.ndarray, tables: dict[int, list[int]], phys: np.ndarray,
-                 generated: np.ndarray | None = None):
+    def __init__(self, pos: np.ndarray | None, slots: np.ndarray, tables: dict[bool, dict[int, np.ndarray]],
+                 phys: dict[bool, np.ndarray], generated: np.ndarray | None = None):
         self.pos, self.slots, self.tables, self.phys = pos, slots, tables, phys
         self.generated = generated
         n = len(slots)
@@ -275,14 +296,14 @@ class _Rows:
         self.one: list[int] = np.flatnonzero(gen).tolist()
         self.rest = np.flatnonzero(~gen)
         self.ropes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a rope table per RopeSpec, this step's positions
-        self._groups = None
+        self._groups: dict[bool, list] = {}
         self._blocks: dict[int, list] = {}
 
     @classmethod
     def only(cls, n: int) -> "_Rows":
         """The head's n output rows, known by nothing else: each one alone (gemv)."""
         empty = np.zeros(0, np.int64)
-        return cls(None, np.zeros(n, np.int64), {}, empty)
+        return cls(None, np.zeros(n, np.int64), {}, {False: empty, True: empty})
 
     def blocks(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """rows (prompt rows) by (sequence, position // BLOCK): (block index, the rows, their offsets)."""
@@ -298,16 +319,18 @@ class _Rows:
             hit = self._blocks[id(rows)] = (rows, got)  # rows kept: its id stays unique while cached
         return hit[1]
 
-    def groups(self, bs: int) -> list[tuple[list, list]]:
-        """Per sequence, what every attention layer of the step reads (found once a step): its prompt
-        rows' blocks as (rows, offsets, store rows of keys 0 .. (b + 1) * BLOCK, the block's
-        positions), and its generated rows as (row, store rows of its own keys)."""
-        if self._groups is None:
-            self._groups = []
+    def groups(self, bs: int, windowed: bool = False) -> list[tuple[list, list]]:
+        """Per sequence, what every attention layer of the step (of one kind: windowed or not) reads,
+        found once a step: its prompt rows' blocks as (rows, offsets, store rows of keys 0 ..
+        (b + 1) * BLOCK, the block's positions), and its generated rows as (row, store rows of its
+        own keys). The keys keep that shape whatever the window, so a row's sums do not depend on
+        which blocks went back; a released block's entry reads block 0 (masked)."""
+        if windowed not in self._groups:
+            groups = self._groups[windowed] = []
             gen = self.generated
             for s in np.unique(self.slots):
                 sel = np.flatnonzero(self.slots == s)
-                table = np.asarray(self.tables[int(s)], np.int64)
+                table = np.maximum(self.tables[windowed][int(s)], 0)
                 one = gen[sel] if gen is not None else np.zeros(len(sel), bool)
                 blocks = []
                 for b, rows, offs in self.blocks(sel[~one]):
@@ -320,5 +343,5 @@ class _Rows:
                 for r in sel[one]:
                     j = np.arange(int(self.pos[r]) + 1)
                     decoded.append((int(r), table[j // bs] * bs + j % bs))
-                self._groups.append((blocks, decoded))
-        return self._groups
+                groups.append((blocks, decoded))
+        return self._groups[windowed]

@@ -7,7 +7,8 @@ cached (the ops become dispatches in infr/gpu/lowering.py). A forward call
 then writes the token ids, each row's position and sequence slot (`rows`)
 and the state buffer (live rows), encodes the prebuilt dispatches in one
 compute pass and reads the logits back. The KV cache is paged
-(docs/gpu_kernels.md): one sequence is slot 0 over an identity block table;
+(docs/gpu_kernels.md; infr/gpu/kvstore.py, with the sliding-window layers'
+store and table apart): one sequence is slot 0 over an identity block table;
 `run_rows` runs rows of several sequences against a caller's table.
 
 WebGPU forbids binding one buffer as read-only and writable in a dispatch,
@@ -26,7 +27,7 @@ import numpy as np
 from infr.batch import Batch, OutputRow, StepResult
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
-from infr.kvpool import KVBudget
+from infr.kvpool import KVBudget, store_sizes
 from infr.memory import free_device_bytes
 from infr.numerics import check_supported, has_penalties
 from infr.gpu import kernels_attention as KA
@@ -36,6 +37,7 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
+from infr.gpu.kvstore import KVStore
 from infr.gpu.lowering import Lowering, find_stacks
 from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
 from infr.plan import Plan, bind
@@ -54,9 +56,11 @@ class GPUBackend:
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
                  progress=None, kv_blocks: "int | KVBudget | None" = None, block_size: int = KS.BLOCK_SIZE,
-                 max_seqs: int = MAX_SEQS):
+                 max_seqs: int = MAX_SEQS, batch_tokens: int | None = None):
+        """`batch_tokens`: the engine's rows a step; given, the sliding-window layers' store is
+        sized for max_seqs sequences' windows (kvpool.store_sizes), else as large as the full one."""
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
-        self.block_size, self.max_seqs = block_size, max_seqs
+        self.block_size, self.max_seqs, self.batch_tokens = block_size, max_seqs, batch_tokens
         self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth; a KVBudget: free VRAM's)
         self.dev = dev or get_device()
         self.name = "dawn" if self.dev.dawn else "gpu"
@@ -104,11 +108,12 @@ class GPUBackend:
         slot 0) and the graphs that bind them (the decode graph built now)."""
         spec, BS = self.plan.spec, self.block_size
         self.blocks_per_seq = -(-self.n_ctx // BS)  # a block table row: one context
-        if isinstance(self.kv_blocks, KVBudget):  # sized now: the weights are in
-            widest = max(la.attention.n_kv_heads * max(la.attention.head_dim, la.attention.v_head_dim)
-                         for la in spec.layers) * 2  # bytes a token takes in one layer's K or V buffer
-            self.kv_blocks = self.kv_blocks.blocks(self, BS, self.blocks_per_seq, self.dev.max_binding // (widest * BS))
-        self.n_blocks = max(self.kv_blocks or 0, self.blocks_per_seq)  # the store, shared by every slot
+        widest = max(la.attention.n_kv_heads * max(la.attention.head_dim, la.attention.v_head_dim)
+                     for la in spec.layers) * 2  # bytes a token takes in one layer's K or V buffer
+        # the stores, shared by every slot (a KVBudget is sized now: the weights are in)
+        self.n_blocks, self.n_window_blocks = store_sizes(
+            self, self.plan, self.kv_blocks, BS, self.blocks_per_seq, self.max_seqs if self.batch_tokens else None,
+            self.batch_tokens, self.dev.max_binding // (widest * BS))
         self.buffers: dict[str, list] = {}
         for name in self.widths:
             self.buffers[name] = [self._activation(name, 0)]
@@ -116,19 +121,13 @@ class GPUBackend:
         self.ids = storage(self.dev, MAX_BATCH * 4, label="ids")
         self.state = storage(self.dev, 16, label="state")
         self.rows = storage(self.dev, MAX_BATCH * 8, label="rows")
-        self.block_table = storage(self.dev, KS.identity_table(self.blocks_per_seq, self.max_seqs),
-                                   label="block_table")
-        self._identity = True  # whether block_table holds identity_table (run_rows writes others)
-        self.paging = KS.Paging(self.state, self.rows, self.block_table, BS, self.blocks_per_seq)
+        self.kv = KVStore(self.dev, self.plan, self.state, self.rows, self.n_blocks, self.n_window_blocks, BS,
+                          self.blocks_per_seq, self.max_seqs)
+        self.k_cache, self.v_cache = self.kv.k, self.kv.v
+        self.paging = self.kv.paging[False]  # the full layers' (and every kernel's that reads rows alone)
+        self.vram += self.kv.vram
         self.token_log = storage(self.dev, 4 * TOKEN_LOG, label="token_log")
         self._free_staging: list = []  # mappable buffers the decode steps' token ids come back in
-        self.k_cache, self.v_cache = {}, {}
-        n_rows = self.n_blocks * BS
-        for layer in spec.layers:
-            a = layer.attention
-            self.k_cache[layer.index] = storage(self.dev, n_rows * a.n_kv_heads * a.head_dim * 2, label="k")
-            self.v_cache[layer.index] = storage(self.dev, n_rows * a.n_kv_heads * a.v_head_dim * 2, label="v")
-            self.vram += n_rows * a.n_kv_heads * (a.head_dim + a.v_head_dim) * 2
         self._graphs: OrderedDict[tuple[int, int, bool, bool], tuple] = OrderedDict()
         self._graph(1, 1)  # the decode graph: built at load
         if self._has_spans(1):  # and its form for steps past split_from keys
@@ -205,8 +204,7 @@ class GPUBackend:
             raise InfrError(f"sequence slots must lie in 0..{n_slots - 1} (the table's rows)")
         if not 1 <= n_logit_rows <= min(n, MAX_LOGIT_ROWS):
             raise InfrError(f"n_logit_rows must lie in 1..{min(n, MAX_LOGIT_ROWS)}")
-        self.dev.device.queue.write_buffer(self.block_table, 0, table.astype(np.uint32))
-        self._identity = False
+        self.kv.write(table)  # every layer kind reads this one table
         if decode is None:
             decode = int(np.bincount(slot).max()) <= KA.SPLIT_MAX_T
         ids_t = np.zeros(T, np.uint32)
@@ -217,10 +215,7 @@ class GPUBackend:
 
     def _identity_table(self) -> None:
         """Slot 0 over blocks 0 .. n_blocks - 1 again (forward and the decode loops; run_rows writes others)."""
-        if not self._identity:
-            self.dev.device.queue.write_buffer(self.block_table, 0,
-                                              KS.identity_table(self.blocks_per_seq, self.max_seqs))
-            self._identity = True
+        self.kv.set_identity()
 
     def _run(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, n_logits: int,
              n_live: int | None = None, decode: bool = False) -> np.ndarray:
@@ -257,7 +252,7 @@ class GPUBackend:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return sum(2 * st.n_kv_heads * (st.head_dim + st.v_head_dim) for st in self.plan.state)
+        return self.plan.kv_bytes_per_token()
 
     # --- the engine's step
 
@@ -367,15 +362,8 @@ class GPUBackend:
     def _load_rows(self, batch: Batch, T: int) -> None:
         """The batch's block tables, token ids and rows (T of them, those past the batch padding) to the GPU."""
         n = batch.rows
-        n_slots = max(batch.tables) + 1
-        if n_slots > self.max_seqs:
-            raise InfrError(f"sequence slot {n_slots - 1} is past this backend's {self.max_seqs}")
-        table = np.zeros((n_slots, self.blocks_per_seq), np.uint32)
-        for slot, blocks in batch.tables.items():
-            table[slot, : len(blocks)] = blocks
+        self.kv.load(batch.tables, batch.window_tables)
         q = self.dev.device.queue
-        q.write_buffer(self.block_table, 0, table.reshape(-1))
-        self._identity = False
         ids = np.zeros(T, np.uint32)
         pos, slots = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
         ids[:n], pos[:n], slots[:n] = batch.tokens, batch.positions, batch.slots

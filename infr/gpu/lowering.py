@@ -144,9 +144,9 @@ class Lowering:
         a = be.plan.spec.layers[st.layer].attention
         factors = be.weights[r.freq_factors][0] if r.freq_factors else None
         return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
-                                    be.k_cache[st.layer], be.v_cache[st.layer], be.paging, rq.n_heads, rk.n_heads,
-                                    a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style, self.rows,
-                                    factors=factors)]
+                                    be.k_cache[st.layer], be.v_cache[st.layer], be.kv.paging_of(st.layer), rq.n_heads,
+                                    rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style,
+                                    self.rows, factors=factors)]
 
     def _feeds_gemv_q8(self, name: str, width: int) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
@@ -184,7 +184,8 @@ class Lowering:
         if isinstance(op, StoreKV):
             a = be.plan.spec.layers[op.layer].attention
             return [KS.kv_store_dispatch(self.k, self.current(op.k), self.current(op.v), be.k_cache[op.layer],
-                                         be.v_cache[op.layer], be.paging, a.n_kv_heads, a.head_dim, a.v_head_dim, T)]
+                                         be.v_cache[op.layer], be.kv.paging_of(op.layer), a.n_kv_heads, a.head_dim,
+                                         a.v_head_dim, T)]
         if isinstance(op, Attention):
             a = op.spec
             q = self.current(op.q)
@@ -196,10 +197,10 @@ class Lowering:
             K = a.n_heads * a.v_head_dim
             fuse = KS.can_round_output(a.n_heads, a.v_head_dim) and self._feeds_gemv_q8(op.dst, K)
             xq = KQ.scratch(self.k, K, T) if fuse else None
-            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out, be.paging,
-                                         scratch, a.n_heads, a.n_kv_heads, a.head_dim, a.v_head_dim, a.scale,
-                                         a.sliding_window, a.softcap, T, n_ctx=be.n_ctx, xq=xq, span=self.span,
-                                         decode=self.decode)
+            ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out,
+                                         be.kv.paging_of(op.layer), scratch, a.n_heads, a.n_kv_heads, a.head_dim,
+                                         a.v_head_dim, a.scale, a.sliding_window, a.softcap, T, n_ctx=be.n_ctx,
+                                         xq=xq, span=self.span, decode=self.decode)
             if xq is not None:
                 self.q8 = (out, K, xq)  # the o projection reads the rounded copy
             return ds

@@ -70,6 +70,13 @@ class Metrics:
                    [('{state="used"}', pool.used), ('{state="free"}', pool.free),
                     ('{state="cached"}', pool.cached)])
             metric("kv_blocks_evicted_total", "counter", "Cached KV blocks evicted for new ones.", [("", pool.evicted)])
+            win = engine.window_pool
+            if win is not None:  # sliding-window layers: their own pool, blocks given back past the window
+                metric("kv_window_blocks", "gauge", f"KV cache blocks of the sliding-window layers ({win.block_size} "
+                       "tokens each), by state.", [('{state="used"}', win.used), ('{state="free"}', win.free),
+                                                  ('{state="cached"}', win.cached)])
+                metric("kv_window_blocks_evicted_total", "counter", "Cached sliding-window KV blocks evicted.",
+                       [("", win.evicted)])
             metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache.",
                    [("", st.prefix_hit_tokens)])
             metric("preemptions_total", "counter", "Requests preempted (blocks freed, recomputed later).",

@@ -105,10 +105,15 @@ class Service:
         note = f" ({model.backend_note})" if model.backend_note else ""
         pool = model.pool
         sized = f"; {model.kv_note}" if model.kv_note else ""
+        plan, win = model.plan, model.window_pool
+        mib = pool.n_blocks * pool.block_size * plan.kv_bytes_per_token(False if win else None) / 2**20
+        if win is not None:  # the sliding-window layers' store: sized for their windows (infr/kvseq.py)
+            mib += win.n_blocks * win.block_size * plan.kv_bytes_per_token(True) / 2**20
+            sized += f"; sliding-window layers: {win.n_blocks} blocks (window {plan.window})"
         log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
                  "%.1f MiB%s), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
-                 cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size,
-                 pool.n_blocks * pool.block_size * model.backend.kv_bytes_per_token / 2**20, sized, cfg.batch_tokens)
+                 cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size, mib, sized,
+                 cfg.batch_tokens)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
         self._thread.start()

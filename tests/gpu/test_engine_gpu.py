@@ -103,3 +103,60 @@ def test_real_model_batched_equals_alone(gpu, name, request):  # noqa: F811
     assert together == alone
     assert model.engine.stats.max_rows >= 8 and model.engine.stats.steps - steps < 8 * N_NEW
     assert model.pool.used == 0
+
+
+# ---------------------------------------------------------------- sliding-window layers (infr/kvseq.py)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_path(tmp_path_factory):
+    spec = synth.preset("tiny-gemma3", tokenizer="gpt2")  # a window of 8, one global layer in seven
+    return synth.write_gguf(spec, tmp_path_factory.mktemp("engine") / "tiny-gemma3.gguf")
+
+
+def test_window_layers_batched_equals_alone_and_the_cpu_reference(gpu, tiny_gemma3_path):  # noqa: F811
+    """tiny-gemma3 on the GPU: the window layers read their own store through their own table,
+    whose released blocks read as block 0; prompts far past the window, batched, alone and on the
+    CPU reference give the same tokens, while each sequence holds a window block or two."""
+    prompts = PROMPTS + [list(range(200, 400))]
+    on_gpu = Model(tiny_gemma3_path, n_ctx=512, backend="gpu", parallel=len(prompts), batch_tokens=64)
+    assert on_gpu.window_pool.n_blocks < on_gpu.pool.n_blocks and on_gpu.backend.n_window_blocks < on_gpu.backend.n_blocks
+    held = []
+    long = on_gpu.engine.submit(Request(list(prompts[-1]), GREEDY, max_new=7, ignore_eos=True,
+                                        on_token=lambda t, _: held.append(long.kv.window_held) and False))
+    together = _run(on_gpu, prompts[:-1])
+    on_gpu.engine.run_until(lambda: long.done)
+    together.append(long.output)
+    assert on_gpu.engine.stats.max_rows >= len(prompts) - 1
+    assert held and max(held) <= 3 < -(-len(prompts[-1]) // 32)  # 200 positions: 7 blocks in the full layers
+    alone = [_run(on_gpu, [p], cache_prompt=False)[0] for p in prompts]
+    on_cpu = Model(tiny_gemma3_path, n_ctx=512, backend="cpu", parallel=len(prompts), batch_tokens=64)
+    assert together == alone == _run(on_cpu, prompts)
+    assert on_gpu.pool.used == 0 and on_gpu.window_pool.used == 0
+
+
+def test_gemma3_past_its_window_equals_the_cpu_reference(gpu, gemma3_path):  # noqa: F811
+    """Gemma-3's 670-token fixture prompt (window 512) through the engine on the GPU: the window
+    layers give their blocks back, and the greedy tokens are the CPU reference's (one sequence: a
+    minute on lavapipe; batched equals alone on window layers is tiny-gemma3's test above)."""
+    import json
+
+    from tests.test_engine import FIXTURES
+
+    cases = json.loads((FIXTURES / "generation_gemma3-270m.json").read_text())["cases"]
+    prompts = [max((c["prompt_ids"] for c in cases), key=len)]
+    assert len(prompts[0]) > 512
+    ctx = len(prompts[0]) + 16
+
+    def run(model):
+        held = []
+        reqs = [model.engine.submit(Request(list(p), GREEDY, max_new=6, ignore_eos=True)) for p in prompts]
+        reqs[0].on_token = lambda t, _: held.append((len(reqs[0].kv.full), reqs[0].kv.window_held)) and False
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+        assert model.pool.used == 0 and model.window_pool.used == 0
+        return [r.output for r in reqs], held
+
+    got, held = run(Model(gemma3_path, n_ctx=ctx, backend="gpu"))
+    assert held and all(win < full for full, win in held[1:])  # blocks older than the window went back
+    assert got == run(Model(gemma3_path, n_ctx=ctx, backend="cpu"))[0]
