@@ -46,8 +46,14 @@ def gumbel(seed: int, pos: int, ids: np.ndarray) -> np.ndarray:
     """The Gumbel noise of token `ids` at `pos` (float32, as the kernel computes it)."""
     rk = row_key(seed, pos)
     h = pcg((pcg(np.asarray(ids, np.uint64) ^ rk) + rk) & M32)
-    u = ((h >> np.uint64(9)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 8388608.0)  # in (0, 1)
-    return -np.log(-np.log(u))
+    m = (h >> np.uint64(9)).astype(np.float32)
+    f = np.float32
+    v = (f(8388607.5) - m) * f(1.0 / 8388608.0)  # 1 - u, exact
+    with np.errstate(divide="ignore"):
+        e = -np.log((m + f(0.5)) * f(1.0 / 8388608.0))  # u in (0, 1)
+    near = v < f(0.0625)  # -log(1 - v) as its series, as the kernel does (sample_common.wgsl: why)
+    s = v * (f(1) + v * (f(0.5) + v * (f(0.33333334) + v * (f(0.25) + v * (f(0.2) + v * f(0.16666667))))))
+    return -np.log(np.where(near, s, e))
 
 
 def penalize(x: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
