@@ -19,6 +19,7 @@ from infr.plan import Plan
 from infr.sampling import SamplingParams
 
 BACKENDS = ("auto", "cpu", "gpu", "dawn")
+GPU_BACKENDS = ("gpu", "dawn")  # the GPU backend on wgpu-native, and on Dawn
 
 
 def choose_backend(name: str) -> tuple[str, str | None]:

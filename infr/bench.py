@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infr.backends import BACKENDS
+from infr.backends import BACKENDS, GPU_BACKENDS
 from infr.errors import InfrError
 
 # short names for synth presets
@@ -257,7 +257,7 @@ def kv_info(model) -> dict:
 
 
 def backend_info(be, backend: str) -> dict:
-    gpu = backend in ("gpu", "dawn")
+    gpu = backend in GPU_BACKENDS
     dev = getattr(getattr(be, "dev", None), "name", "")
     return {
         "gpu_info": dev if gpu else "",

@@ -20,7 +20,7 @@ import gc
 import json
 import sys
 
-from infr.backends import BACKENDS
+from infr.backends import BACKENDS, GPU_BACKENDS
 from infr.errors import InfrError
 
 DESCRIPTION = ("infr and llama.cpp on the same GGUF file with matched workloads (pp512, tg128, tg64 @ d4096, "
@@ -74,7 +74,7 @@ def compare(model: str, tests: list, reps: int = 3, backend: str = "auto", ctx: 
         print(f"infr: {note}", file=sys.stderr)
     ours = infr_side(path, tests, reps, backend, n_ctx)
     print(f"infr: running {llama.driver} ({llama.path})", file=sys.stderr)
-    theirs = llamacpp.run(llama, path, tests, reps, gpu=backend in ("gpu", "dawn"), n_ctx=n_ctx)
+    theirs = llamacpp.run(llama, path, tests, reps, gpu=backend in GPU_BACKENDS, n_ctx=n_ctx)
     rows = []
     for t in tests:
         a, b = ours["results"][t.name]["avg_ts"], theirs["results"][t.name]["avg_ts"]

@@ -47,6 +47,7 @@ class SeqBlocks:
     full: list[int] = field(default_factory=list)
     window: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)
+    trimmed: int = 0  # window[:trimmed] are all RELEASED: each step's trim looks past them only
 
     @property
     def window_held(self) -> int:
@@ -87,7 +88,7 @@ class KVCache:
         whose KV it now holds, a multiple of block_size, at most len(tokens) - 1 (at least one
         token runs, to give the next token's logits)."""
         bs = self.block_size
-        seq.full, seq.window, seq.hashes = [], [], []
+        seq.full, seq.window, seq.hashes, seq.trimmed = [], [], [], 0
         if not use_cache:
             return 0
         hashes = block_hashes(tokens[: (len(tokens) - 1) // bs * bs], bs)
@@ -105,6 +106,7 @@ class KVCache:
             win = win if m else []
             self.window.take(win)
             seq.window = [RELEASED] * (m - len(win)) + list(win)
+            seq.trimmed = m - len(win)
         return m * bs
 
     def grow(self, seq: SeqBlocks, n_tokens: int) -> bool:
@@ -132,10 +134,13 @@ class KVCache:
         if self.window is None:
             return 0
         end = min(self.first_key(start) // self.block_size, len(seq.window))
-        gone = [b for b in seq.window[:end] if b != RELEASED]
+        if end <= seq.trimmed:  # every step of every running sequence asks: most give nothing back
+            return 0
+        gone = [b for b in seq.window[seq.trimmed:end] if b != RELEASED]
         if gone:
             self.window.release(gone)
-            seq.window[:end] = [RELEASED] * end
+        seq.window[seq.trimmed:end] = [RELEASED] * (end - seq.trimmed)
+        seq.trimmed = end
         return len(gone)
 
     def truncate(self, seq: SeqBlocks, keep: int) -> None:
@@ -146,6 +151,7 @@ class KVCache:
         if self.window is not None:
             self.window.release([b for b in seq.window[cut:] if b != RELEASED])
             del seq.window[cut:]
+            seq.trimmed = min(seq.trimmed, cut)
         del seq.hashes[keep // self.block_size:]
 
     def release(self, seq: SeqBlocks) -> None:

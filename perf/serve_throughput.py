@@ -34,6 +34,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infr.backends import GPU_BACKENDS  # noqa: E402  (the checkout's infr, put on the path above)
+
 WORDS = ("river stone light cloud paper engine window garden silver market morning ocean "
          "forest signal bridge letter winter orange planet music").split()
 
@@ -188,7 +190,7 @@ def main() -> int:
 
         binary = llamacpp.find("server").path
         port = _port()
-        lcmd = [str(binary), "-m", str(path), "-ngl", "999" if args.backend in ("gpu", "dawn") else "0",
+        lcmd = [str(binary), "-m", str(path), "-ngl", "999" if args.backend in GPU_BACKENDS else "0",
                 "-c", str(args.ctx * args.parallel), "-np", str(args.parallel), "--host", "127.0.0.1",
                 "--port", str(port)]
         print(f"llama-server -np {args.parallel}", file=sys.stderr)

@@ -234,9 +234,8 @@ def upload_weight(dev: Device, tensor, max_binding: int | None = None, label: st
     if raw.shape[1] != rb:
         raise UnsupportedError(f"{tensor.name}: rows of {raw.shape[1]} bytes, expected {rb} for {q.name}")
     limit = dev.max_binding if max_binding is None else int(max_binding)
-    per_chunk = min(limit // rb, _max_groups(dev) * rows_per_workgroup(q))
-    while per_chunk > 1 and binding_for_rows(per_chunk, rb) > limit:  # the whole buffer is bound
-        per_chunk -= 1
+    # binding_for_rows(rows, rb) <= limit: the whole buffer, padded and with its tail, is bound
+    per_chunk = min((limit - WEIGHT_TAIL) // 16 * 16 // rb, _max_groups(dev) * rows_per_workgroup(q))
     if per_chunk < 1:
         raise UnsupportedError(f"{tensor.name}: one row ({rb} bytes) exceeds the storage binding limit {limit}")
     chunks = []
