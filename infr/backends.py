@@ -7,6 +7,7 @@ import only this.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Generator
 from typing import Protocol
 
@@ -22,10 +23,20 @@ BACKENDS = ("auto", "cpu", "gpu", "dawn")
 GPU_BACKENDS = ("gpu", "dawn")  # the GPU backend on wgpu-native, and on Dawn
 
 
+NVIDIA = 0x10DE  # PCI vendor id
+
+
+def prefers_dawn(dev) -> bool:
+    """Whether `auto` takes the Dawn tier for this wgpu adapter: an NVIDIA GPU, where Dawn ran every
+    test of the comparison faster (f16 and subgroup matrices enabled, unchecked modules, the
+    tensor-core prompt matmul: perf/README.md, 2026-12-05), with the optional wgpudawn installed."""
+    return int(dev.info.get("vendor_id") or 0) == NVIDIA and importlib.util.find_spec("wgpudawn") is not None
+
+
 def choose_backend(name: str) -> tuple[str, str | None]:
-    """`auto` takes a hardware GPU when wgpu finds one, else the CPU reference,
-    with a note saying why. A software adapter (lavapipe) is slower than numpy,
-    so only `--backend gpu` uses it."""
+    """`auto` takes a hardware GPU when wgpu finds one (on Dawn where prefers_dawn
+    and Dawn finds it too), else the CPU reference, with a note saying why. A
+    software adapter (lavapipe) is slower than numpy, so only `--backend gpu` uses it."""
     if name not in BACKENDS:
         raise InfrError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name != "auto":
@@ -38,6 +49,13 @@ def choose_backend(name: str) -> tuple[str, str | None]:
         return "cpu", f"no GPU adapter ({e}); using the CPU reference"
     if dev.is_cpu:
         return "cpu", f"only a software adapter ({dev.name}); using the CPU reference (--backend gpu forces it)"
+    if prefers_dawn(dev):
+        try:
+            dawn = get_device(flavor="dawn")
+        except InfrError as e:
+            return "gpu", f"Dawn finds no GPU ({e}); using wgpu-native"
+        if not dawn.is_cpu and dawn.info.get("backend_type") != "Null":
+            return "dawn", None
     return "gpu", None
 
 

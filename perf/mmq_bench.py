@@ -44,6 +44,7 @@ from timing import seconds_per_rep
 
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.device import get_device
@@ -101,15 +102,16 @@ class Case:
         return 2 * self.T * self.N * self.K * (2 if self.kind == "pair" else 1)
 
     def mmq(self, kern, tile) -> list[list]:
+        x = self.xq
         out = []
         for ts, cs in self.weights:
             if self.kind == "stacked":
-                out.append(KMQ.stacked_dispatches(kern, ts, cs[0], self.xq, self.ys, None, self.T, tile=tile))
+                out.append(KMQ.stacked_dispatches(kern, ts, cs[0], x, self.ys, None, self.T, tile=tile))
             elif self.kind == "pair":
-                out.append(KMQ.gate_up_dispatches(kern, ts[0], ts[1], cs[0], cs[1], self.xq, self.y, "silu", self.T,
+                out.append(KMQ.gate_up_dispatches(kern, ts[0], ts[1], cs[0], cs[1], x, self.y, "silu", self.T,
                                                   tile=tile))
             else:
-                out.append(KMQ.mmq_dispatches(kern, ts[0], cs[0], self.xq, self.y, None, self.T, resid=self.resid,
+                out.append(KMQ.mmq_dispatches(kern, ts[0], cs[0], x, self.y, None, self.T, resid=self.resid,
                                               tile=tile))
         return out
 
@@ -166,16 +168,25 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=220.0, help="stop the sweep after this long (partial JSON)")
     ap.add_argument("--gemv", action="store_true", help="also time the batched GEMV once per type and shape")
     ap.add_argument("--gemm", action="store_true", help="also time the f32 GEMM (kernels_gemm: lavapipe's batch kernel)")
+    ap.add_argument("--flavor", default="wgpu", help="WebGPU implementation: wgpu or dawn (the Dawn tier)")
+    ap.add_argument("--mma", default="", help='tensor-core tiles (Dawn; kernels_mma.MmaTile) "BN,BT,SUB,SGR,SGT[,PAD] ..." '
+                                             'timed instead of --sweep\'s, or "auto" (the tile the engine picks)')
+    ap.add_argument("--mma-phases", default="", help='"convert" or "products": time one part of the tensor-core '
+                                                     'kernel alone (its results are wrong)')
     ap.add_argument("--out", required=True, help="where the JSON goes")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    dev = get_device()
+    dev = get_device(flavor=args.flavor)
     kern = Kernels(dev)
     small = args.scale > 1
     reps = args.reps or (2 if small else 10)
     best_of = args.best_of or (1 if small else 2)
     sweep = SWEEP if args.sweep == "default" else args.sweep
     tiles = None if sweep == "auto" else [KMQ.MmqTile.parse(s) for s in sweep.split()]
+    if args.mma_phases:
+        KMA.PHASES = tuple(args.mma_phases.split(","))
+    if args.mma and args.mma != "auto":
+        tiles = [KMA.MmaTile.parse(s) for s in args.mma.split()]
     types = _types(args.types)
     keys = args.shapes.split(",")
     out = {"adapter": dev.name, "date": dt.date.today().isoformat(), "command": " ".join(sys.argv), "T": args.T,
@@ -221,12 +232,21 @@ def main() -> None:
                     continue
                 pair = case.kind == "pair"
                 try:
-                    t = (tile.resolved(dev, KMQ.READERS[q]) if tile else
-                         KMQ.device_tuning(dev).tile_for(dev, q, case.N, args.T, pair))
+                    if isinstance(tile, KMA.MmaTile):
+                        if not (KMA.available(dev) and tile.fits(dev, KMQ.READERS[q], pair)):
+                            raise ValueError(f"tensor-core tile {tile.spec} does not run here")
+                        t = tile
+                    else:
+                        t = (tile.resolved(dev, KMQ.READERS[q]) if tile else
+                             KMA.tile_for(dev, case.N, args.T, KMQ.READERS[q], pair) if args.mma == "auto" else
+                             KMQ.device_tuning(dev).tile_for(dev, q, case.N, args.T, pair))
+                        if t is None:
+                            raise ValueError("no tensor-core tile runs here")
                 except ValueError as e:
+                    spec = tile.spec if tile else "auto"
                     if case is cases[0]:
-                        print(f"{q.name:6} tile {tile.spec}: skipped (does not fit this device)", flush=True)
-                    out["skipped"].append({"type": q.name, "shape": case.label, "tile": tile.spec, "why": str(e)})
+                        print(f"{q.name:6} tile {spec}: skipped ({e})", flush=True)
+                    out["skipped"].append({"type": q.name, "shape": case.label, "tile": spec, "why": str(e)})
                     continue
                 sec = seconds_per_rep(dev, case.mmq(kern, t), reps, case.y, best_of=best_of)
                 r = {"type": q.name, "shape": case.label, "N": case.N, "K": case.K, "T": args.T, "kind": case.kind,

@@ -46,6 +46,7 @@
 
 // #include matmul_common
 // #include activations
+// #include mmq_reader
 // #include mmq_{{QTYPE}}
 
 {{W2}}
@@ -73,7 +74,6 @@ const SWR: u32 = {{SWR}}u;  // 7: swizzle the row index (TR % 8 == 0, so rows tr
 const SWT: u32 = {{SWT}}u;  // the same for tokens (TT % 8 == 0)
 const MAGIC: i32 = 0x4B400000;  // the bits of 1.5 * 2^23
 const MAGIC_F: f32 = 12582912.0;
-const LO4: u32 = 0x0F0F0F0Fu;
 
 var<workgroup> wq: array<vec4<u32>, NB * XV * BN>;
 var<workgroup> ws: array<vec2<f32>, NB * SUB * BN>;
@@ -81,45 +81,7 @@ var<workgroup> xs: array<vec4<u32>, NB * XV * BT>;
 var<workgroup> xd: array<vec4<f32>, NB * P * BT>;
 var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
 
-// --- what the block readers use -------------------------------------------------------------
-
-// Vec4 i of staged matrix `slot` (0: w, 1: w2), for types whose blocks are 16-byte aligned.
-fn wvec(slot: u32, i: u32) -> vec4<u32> {
-    {{W2_LOAD}}
-    return w[i];
-}
-
-// Word i (bytes 4i .. 4i + 3) of staged matrix `slot`.
-fn wword(slot: u32, i: u32) -> u32 {
-    {{W2_WORD}}
-    return w[i >> 2u][i & 3u];
-}
-
-// Bytes 2 .. 5 of the 8 bytes a, b when `odd`, else a: a 4-byte field at an
-// offset that is 2 mod 4, read from the two words holding it.
-fn al16(a: u32, b: u32, odd: bool) -> u32 {
-    return select(a, (a >> 16u) | (b << 16u), odd);
-}
-
-// The f16 in the high (`hi`) or low half of a word.
-fn half_at(word: u32, hi: bool) -> f32 {
-    return unpack2x16float(select(word, word >> 16u, hi)).x;
-}
-
-// Four unsigned bytes v (each < 128) minus `off` per byte, as int8 lanes: no borrow crosses a byte.
-fn minus4(v: u32, off: u32) -> u32 {
-    return ((v | 0x80808080u) - off) ^ 0x80808080u;
-}
-
-// Bit k of t (k < 4) to bit 0 of byte k.
-fn spread4(t: u32) -> u32 {
-    return ((t & 0xFu) * 0x00204081u) & 0x01010101u;
-}
-
-// Stage-local vec4 of values [16 hf, 16 hf + 16) of stage sub-block sl (quantize_q8's order).
-fn qv(sl: u32, hf: u32) -> u32 {
-    return 4u * (sl / 2u) + (sl % 2u) + 2u * hf;
-}
+// --- what the block readers use (besides mmq_reader.wgsl) ------------------------------------
 
 fn put_q(buf: u32, rho: u32, v: u32, q: vec4<u32>) {
     wq[(buf * XV + v) * BN + (rho ^ (v & SWR))] = q;
@@ -130,17 +92,6 @@ fn put_s(buf: u32, rho: u32, sl: u32, s: vec2<f32>) {
 }
 
 // --- staging --------------------------------------------------------------------------------
-
-// Staged row `rho` of this tile: (which matrix, byte offset of its row).
-fn staged_row(rho: u32, first: u32) -> vec2<u32> {
-    var slot = 0u;
-    var r = first + rho;
-    if (PAIR && rho >= BN / 2u) {
-        slot = 1u;
-        r -= BN / 2u;
-    }
-    return vec2<u32>(slot, min(r, params.N - 1u) * params.row_bytes);
-}
 
 // One stage's global loads held in registers (PREFETCH 2): the invocation's
 // weight units and activation vec4 (entry n: item tid + n WG of each list).

@@ -83,6 +83,17 @@ class Device:
         return feature in self.features
 
     @property
+    def subgroup_matrix_configs(self) -> list[dict]:
+        """Dawn's subgroup-matrix configurations (component types, m, n, k, subgroup sizes); [] elsewhere."""
+        if not hasattr(self, "_sm_configs"):
+            self._sm_configs = []
+            if self.dawn and self.has("subgroup-matrix"):
+                from wgpudawn.backends.dawn import extras
+
+                self._sm_configs = list(extras.get_adapter_properties(self.adapter).get("subgroup_matrix_configs", []))
+        return self._sm_configs
+
+    @property
     def subgroup_size(self) -> int | None:
         """Probed once with a kernel (None without the `subgroup` feature)."""
         if not hasattr(self, "_subgroup_size"):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from gguf import GGMLQuantizationType as Q
 
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import tuning as TU
 from infr.gpu.runtime import Dispatch, Kernels, storage
@@ -242,9 +243,13 @@ def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None) -> bool:
     return T >= min_tokens(dev)
 
 
-def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile, pair_act: str | None = None, split: bool = False):
+def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act: str | None = None,
+                 split: bool = False):
     """(the compiled kernel for `qtype`: plain, gate||up with `pair_act` or
-    the q|k|v split; the output rows and the tokens one workgroup covers)."""
+    the q|k|v split; the output rows and the tokens one workgroup covers).
+    An MmaTile builds the tensor-core kernel (kernels_mma) on the same bindings."""
+    if isinstance(tile, KMA.MmaTile):
+        return KMA.pipeline(kernels, KM.wgsl_name(qtype), tile, pair_act, split)
     t = tile.resolved(kernels.dev, READERS[Q(int(qtype))])
     pair = pair_act is not None
     consts = {
@@ -273,7 +278,11 @@ def _check(w, K: int) -> Q:
     return Q(int(w.qtype))
 
 
-def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False) -> MmqTile:
+def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False) -> MmqTile | KMA.MmaTile:
+    """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's."""
+    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair)
+    if mma is not None:
+        return mma
     return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)
 
 

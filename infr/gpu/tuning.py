@@ -1,6 +1,6 @@
 """Every tuning knob of the GPU kernels in one object, read from the environment once.
 
-INFR_GEMV_*, INFR_MMQ_*, INFR_ATTN_* and INFR_GEMM_MIN_T set it (for
+INFR_GEMV_*, INFR_MMQ_*, INFR_MMA*, INFR_ATTN_* and INFR_GEMM_MIN_T set it (for
 measuring; the defaults are the measured best). Kernels ask `current()`, never
 os.environ, so a graph build costs no environment lookups and a knob means the same
 in every module. A benchmark that changes the variables in-process calls `reload()`;
@@ -49,15 +49,23 @@ def _mmq(env):
     return MmqTuning.from_env(env)
 
 
+def _mma(env):
+    from infr.gpu.kernels_mma import MmaTuning
+
+    return MmaTuning.from_env(env)
+
+
 @dataclass(frozen=True)
 class Tuning:
     """gemv: kernels_matmul.GemvTuning (SG -1: the device's subgroup size);
-    mmq: kernels_mmq.MmqTuning; attention: AttentionTuning; gemm_min_t: the
+    mmq: kernels_mmq.MmqTuning; mma: kernels_mma.MmaTuning (the tensor-core
+    tiles that replace mmq's on Dawn); attention: AttentionTuning; gemm_min_t: the
     smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
     environment: never)."""
 
     gemv: object = field(default_factory=lambda: _gemv({}))
     mmq: object = field(default_factory=lambda: _mmq({}))
+    mma: object = field(default_factory=lambda: _mma({}))
     attention: AttentionTuning = field(default_factory=AttentionTuning)
     gemm_min_t: int | None = None
 
@@ -66,7 +74,7 @@ class Tuning:
         env = os.environ if env is None else env
         gemm = env.get("INFR_GEMM_MIN_T")
         return cls(
-            gemv=_gemv(env), mmq=_mmq(env), attention=AttentionTuning.from_env(env),
+            gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
         )
 

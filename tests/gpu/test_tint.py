@@ -14,6 +14,8 @@ import pytest
 
 from infr import synth
 from infr.engine import Model
+from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import runtime as R
 from infr.sampling import SamplingParams
@@ -25,15 +27,16 @@ from tests.gpu.conftest import gpu  # noqa: F401  the GPU fixture: skips without
 def tint():
     """A Dawn device on the Null backend: create_shader_module runs Tint. wgpudawn is in the test
     extra; without it the tests skip, except under CI, where they fail (as the gpu fixture does)."""
-    if os.environ.get("CI"):
-        import wgpudawn
-    else:
-        wgpudawn = pytest.importorskip("wgpudawn", reason="wgpudawn (in the test extra) is not installed: "
-                                                          "the Tint checks need Dawn")
+    if not os.environ.get("CI"):
+        pytest.importorskip("wgpudawn", reason="wgpudawn (in the test extra) is not installed: the Tint checks need Dawn")
+    from infr.gpu.device import api_module
+
+    wgpudawn = api_module("dawn")  # with infr's instance toggles: the subgroup matrices are an unsafe API
     with pytest.MonkeyPatch.context() as mp:  # read when the adapter is requested
         mp.setenv("WGPU_BACKEND_TYPE", "Null")
         adapter = wgpudawn.gpu.request_adapter_sync()
-    return adapter.request_device_sync(required_features=[f for f in ("subgroups", "shader-f16")
+    return adapter.request_device_sync(required_features=[f for f in ("subgroups", "shader-f16",
+                                                                       "chromium-experimental-subgroup-matrix")
                                                           if f in adapter.features])
 
 
@@ -56,8 +59,7 @@ def _tint_errors(device, asked: set) -> str:
     """Tint's messages (each names the line and the rule) for the sources of `asked`."""
     errors = []
     for name, _, consts in sorted(asked, key=repr):
-        src = R.load_source(name, dict(consts))
-        code = ("enable subgroups;\n" if "subgroup" in src else "") + src  # naga must not see the enable
+        code = R.dawn_source(R.load_source(name, dict(consts)))  # Tint's enables, which naga refuses
         try:
             device.create_shader_module(label=name, code=code)
         except Exception as e:
@@ -96,5 +98,22 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMQ.mmq_pipeline(rec, q, tile, pair_act="gelu")
             KMQ.mmq_pipeline(rec, q, tile, split=True)
     assert len(asked) == 3 * len(KMQ.READERS) * len(KMQ.TILES)
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
+    """The tensor-core kernel (Dawn only) of every reader, plain, gate||up and q|k|v, on each default
+    tile."""
+    if "chromium-experimental-subgroup-matrix" not in tint.features:
+        pytest.fail("Dawn's Null adapter lists no subgroup matrices: this wgpudawn cannot check the kernel")
+    asked: set = set()
+    rec = _Recorder(gpu, asked)
+    for q in KMQ.READERS:
+        for tile in KMA.TILES:
+            KMA.pipeline(rec, KM.wgsl_name(q), tile)
+            KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu")
+            KMA.pipeline(rec, KM.wgsl_name(q), tile, split=True)
+    assert len(asked) == 3 * len(KMQ.READERS) * len(KMA.TILES)
     errors = _tint_errors(tint, asked)
     assert not errors, errors

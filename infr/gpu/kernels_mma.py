@@ -1,0 +1,202 @@
+"""The prompt-batch matmul on tensor cores (wgsl/gemm_mma.wgsl): the Dawn tier's mmq.
+
+Dawn exposes the tensor cores to WGSL as subgroup matrices
+(`chromium_experimental_subgroup_matrix`; f16 x f16 -> f32 16 x 16 x 16 on
+NVIDIA with the toggle `vulkan_enable_f16_on_nvidia`). This kernel takes the
+same bindings, params and block readers as the int8 GEMM (kernels_mmq), so
+kernels_mmq builds it in place of gemm_mmq wherever a device has the
+matrices: every READERS type, the plain product, gate||up and the q|k|v split.
+The readers' int8 lanes and scales become f16 weight values in workgroup
+memory, the q8 activations f16 values d q; sums are f32.
+
+The result matrices of one subgroup are variables of their own, generated
+here: arrays of them indexed in loops stay in memory (perf/README.md,
+2026-12-02, the probe's --unrolled sweep).
+
+Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
+everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD] ..." the tiles tried by
+grid size as kernels_mmq does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from infr.gpu import tuning as TU
+
+# The matrix shape and subgroup size this kernel is written for (f16 inputs, f32 results).
+SHAPE = (16, 16, 16)
+SUBGROUP = 32
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """BN weight rows x BT tokens per workgroup, SUB 32-value sub-blocks per
+    stage, SGR x SGT subgroups (each (BN / SGR) x (BT / SGT) of the tile),
+    PAD f16 between weight tile rows (bank spreading)."""
+
+    BN: int = 128
+    BT: int = 64
+    SUB: int = 2
+    SGR: int = 4
+    SGT: int = 2
+    PAD: int = 8
+
+    @property
+    def TM(self) -> int:
+        return self.BN // self.SGR // SHAPE[0]
+
+    @property
+    def TN(self) -> int:
+        return self.BT // self.SGT // SHAPE[1]
+
+    @property
+    def invocations(self) -> int:
+        return self.SGR * self.SGT * SUBGROUP
+
+    def shared_bytes(self, extra: int = 0) -> int:
+        ks = 32 * self.SUB
+        ld = ks + self.PAD
+        return (2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN + 2 * ld * (self.BN + self.BT)
+                + 4 * 256 * self.SGR * self.SGT + 4 + extra)
+
+    def fits(self, dev, extra: int = 0, pair: bool = False) -> bool:
+        limits = getattr(dev, "limits", None) or {}
+        mem = int(limits.get("max-compute-workgroup-storage-size", 16384))
+        inv = int(limits.get("max-compute-invocations-per-workgroup", 256))
+        return (
+            self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1
+            and self.BN == self.TM * self.SGR * SHAPE[0] and self.BT == self.TN * self.SGT * SHAPE[1]
+            and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
+        )
+
+    @classmethod
+    def parse(cls, spec: str) -> MmaTile:
+        """'BN,BT,SUB,SGR,SGT[,PAD]'."""
+        return cls(*map(int, spec.split(",")))
+
+    @property
+    def spec(self) -> str:
+        return ",".join(map(str, (self.BN, self.BT, self.SUB, self.SGR, self.SGT, self.PAD)))
+
+
+# Tiles tried in order: the first giving min_groups workgroups; where none does, the
+# product stays mmq's (kernels_mmq, which has smaller tiles). min_groups is 1: on the H200 the
+# 1B's pp512 ran 24296 t/s with every prompt matmul here (its 2048-row matrices give 128
+# workgroups), 23370 with those on mmq, 21302 all mmq. On an H100 (perf/mmq_bench.py
+# --flavor dawn --mma ..., T = 512, the 8B's shapes), 64 x 128 with 2 x 4 subgroups of 2 x 2
+# matrices: Q4_K 72.9 TOPS, Q6_K 63.4, Q8_0 64.5, against mmq's 60.6 for Q4_K; 128 x 64 with
+# 4 x 2: 67.0, 21.7, 19.6; 64 x 64 with 2 x 2: 39.3, 32.7, 34.9 (mmq's 64 x 64 does as well).
+TILES = (MmaTile(64, 128, 2, 2, 4),)
+PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
+
+
+@dataclass(frozen=True)
+class MmaTuning:
+    on: bool = True
+    tiles: tuple[MmaTile, ...] = TILES
+    min_groups: int = 1
+
+    @classmethod
+    def from_env(cls, env=None) -> MmaTuning:
+        env = os.environ if env is None else env
+        t = cls()
+        if env.get("INFR_MMA") == "0":
+            t = replace(t, on=False)
+        if env.get("INFR_MMA_TILES"):
+            t = replace(t, tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_TILES"].split()))
+        if env.get("INFR_MMA_MIN_GROUPS"):
+            t = replace(t, min_groups=int(env["INFR_MMA_MIN_GROUPS"]))
+        return t
+
+    def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+        """The first tile that fits and gives min_groups workgroups, else None."""
+        for tile in self.tiles:
+            groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
+            if tile.fits(dev, extra, pair) and groups >= self.min_groups:
+                return tile
+        return None
+
+
+def available(dev) -> bool:
+    """Whether the device multiplies f16 subgroup matrices of SHAPE into f32 at subgroup size 32
+    (Dawn with the feature, and the configuration among the adapter's)."""
+    if dev is None or not getattr(dev, "dawn", False) or not dev.has("subgroup-matrix") or not dev.has("shader-f16"):
+        return False
+    m, n, k = SHAPE
+    return any(
+        str(c.get("component_type")) == "f16" and str(c.get("result_component_type")) == "f32"
+        and (int(c["m"]), int(c["n"]), int(c["k"])) == (m, n, k)
+        and int(c.get("min_subgroup_size", 0)) <= SUBGROUP <= int(c.get("max_subgroup_size", 0))
+        for c in dev.subgroup_matrix_configs
+    )
+
+
+def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+    """The tile for n_out rows x T tokens on `dev`, or None where the kernel does not run there or
+    no tile fills the device (kernels_mmq's int8 GEMM then does: both read the same q8 rows)."""
+    t = TU.current().mma
+    if not t.on or not available(dev):
+        return None
+    return t.tile_for(dev, n_out, T, extra, pair)
+
+
+def _staged_base(tile: MmaTile, a: int, pair: bool) -> str:
+    """WGSL: the first staged row of this subgroup's row matrix a."""
+    if not pair:
+        return f"(sr * TM + {a}u) * 16u"
+    h = tile.TM // 2
+    half = "BN / 2u + " if a >= h else ""
+    return f"{half}(sr * {h}u + {a % h}u) * 16u"
+
+
+def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
+    """The kernel's written-out parts: accumulators, products per 16 values of k, the epilogue."""
+    TM, TN = tile.TM, tile.TN
+    left = "subgroup_matrix_left<f16, 16, 16>"
+    right = "subgroup_matrix_right<f16, 16, 16>"
+    decl = "\n".join(f"    var acc_{a}_{b}: subgroup_matrix_result<f32, 16, 16>;" for a in range(TM) for b in range(TN))
+    body = [f"            let l_{a} = subgroupMatrixLoad<{left}>(&wh, ({_staged_base(tile, a, pair)}) * LD + kk, false, LD);"
+            for a in range(TM)]
+    for b in range(TN):
+        body.append(f"            let r_{b} = subgroupMatrixLoad<{right}>(&xh, ((sc * TN + {b}u) * 16u) * LD + kk, true, LD);")
+        body += [f"            acc_{a}_{b} = subgroupMatrixMultiplyAccumulate(l_{a}, r_{b}, acc_{a}_{b});"
+                 for a in range(TM)]
+    epi = []
+    for a in range(TM // 2 if pair else TM):
+        for b in range(TN):
+            epi += [f"    subgroupMatrixStore(&ep, scratch, acc_{a}_{b}, true, 16u);", "    workgroupBarrier();",
+                    f"    let v_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
+            up = f"v_{a}_{b}"
+            if pair:
+                epi += [f"    subgroupMatrixStore(&ep, scratch, acc_{a + TM // 2}_{b}, true, 16u);", "    workgroupBarrier();",
+                        f"    let u_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
+                up = f"u_{a}_{b}"
+            epi.append(f"    store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
+                       f"tok0 + (sc * TN + {b}u) * 16u);")
+    return {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi)}
+
+
+def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = None, split: bool = False,
+             phases: tuple[str, ...] | None = None):
+    """(the compiled kernel, output rows and tokens one workgroup covers), as kernels_mmq.mmq_pipeline.
+    `phases` without "convert" or "products" leaves that part out (wrong results: for timing it)."""
+    pair = pair_act is not None
+    phases = PHASES if phases is None else phases
+    gen = generated(tile, pair)
+    if "products" not in phases:
+        gen["PRODUCTS"] = ""
+    consts = {
+        "QTYPE": qtype_name, "BN": tile.BN, "BT": tile.BT, "SUB": tile.SUB, "SGR": tile.SGR, "SGT": tile.SGT,
+        "SG": SUBGROUP, "TM": tile.TM, "TN": tile.TN, "PAD": tile.PAD,
+        "PAIR": str(pair).lower(), "GELU": str(pair_act == "gelu").lower(),
+        "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
+        "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
+        "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
+        "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
+        "CONVERT": str("convert" in phases).lower(), **gen,
+    }
+    pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)
+    return pipe, (tile.BN // 2 if pair else tile.BN), tile.BT
+

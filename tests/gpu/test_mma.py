@@ -1,0 +1,131 @@
+"""The tensor-core prompt matmul (wgsl/gemm_mma.wgsl, the Dawn tier's mmq) with every block reader
+against quantize_q8(x) @ dequantize(W).T, on the shapes and epilogues of test_mmq_types.py.
+
+It runs where a device multiplies f16 subgroup matrices (Dawn on NVIDIA: INFR_TEST_FLAVOR=dawn
+on the H200) and skips elsewhere (lavapipe has none; its kernels are checked by Tint in
+test_tint.py). The weights and activations enter the tensor cores as f16: the q8-rounded activation
+and the block's value, each rounded once more (relative 2^-11), so the error bound is
+2^-10 |W[r]| |x[t]| (Cauchy-Schwarz), against mmq's exact integer sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from test_mmq_types import _nan, _want  # tests/gpu is on sys.path (prepend import mode)
+from test_quant_kernels import make_weight
+
+from infr.cpu import ops as F
+from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
+from infr.gpu import kernels_mmq as KMQ
+from infr.gpu import kernels_q8 as KQ
+from infr.gpu.runtime import read, run, storage
+from infr.models.spec import Activation
+
+TOL = 2.0**-10
+TYPES = list(KMQ.READERS)
+PLAIN, PAIR, SPLIT = KMA.MmaTile(128, 64, 2, 4, 2), KMA.MmaTile(64, 64, 4, 2, 2, 0), KMA.MmaTile(64, 32, 4, 2, 2, 0)
+
+
+@pytest.fixture(scope="module")
+def mma(gpu):
+    if not KMA.available(gpu):
+        pytest.skip(f"{gpu.name} has no f16 subgroup matrices (the Dawn tier on a GPU with tensor cores)")
+    return gpu
+
+
+def _rows(kernels, x, K: int, T: int):
+    """x rounded (quantize_q8) as the engine feeds the kernel, into a buffer of its own (one pass
+    holds three products here)."""
+    gpu = kernels.dev
+    quant, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+    return [quant], xq
+
+
+def _check(name, got, want, scale):
+    assert not np.isnan(got).any(), "some outputs were never written"
+    err = float(np.max(np.abs(got - want) / scale))
+    print(f"\n[max error] {name}: {err:.3g} (tolerance {TOL:.3g})")
+    assert err < TOL
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[q.name.lower() for q in TYPES])
+def test_type_matches_reference(mma, kernels, qtype):
+    gpu = mma
+    rng = np.random.default_rng([int(qtype), 11])
+    ds = []
+    N, K, T = 75, 768, 33  # plain with bias and the residual add: rows and tokens past the tile's
+    t = make_weight(qtype, N, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    resid = rng.standard_normal((T, N)).astype(np.float32)
+    y = _nan(gpu, T, N)
+    pre, xf = _rows(kernels, x, K, T)
+    ds += pre + KMQ.mmq_dispatches(kernels, t, KM.upload_weight(gpu, t), xf, y, storage(gpu, bias), T,
+                                   resid=storage(gpu, resid), tile=PLAIN)
+    Np, Kp, Tp = 72, 512, 70  # gate||up with GELU
+    wg, wu = make_weight(qtype, Np, Kp, rng), make_weight(qtype, Np, Kp, rng)
+    xp = rng.standard_normal((Tp, Kp)).astype(np.float32) * 0.1
+    cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
+    yp = _nan(gpu, Tp, Np)
+    pre, xfp = _rows(kernels, xp, Kp, Tp)
+    pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xfp, yp, "gelu", Tp, tile=PAIR)
+    assert pair is not None and len(pair) == 1
+    ds += pre + pair
+    sizes, Ks = (40, 24, 24), 256  # the q|k|v split with its bias
+    ts = [make_weight(qtype, n, Ks, rng) for n in sizes]
+    sbias = rng.standard_normal(sum(sizes)).astype(np.float32)
+    xs = rng.standard_normal((Tp, Ks)).astype(np.float32)
+    outs = [_nan(gpu, Tp, n) for n in sizes]
+    pre, xfs = _rows(kernels, xs, Ks, Tp)
+    ds += pre + KMQ.stacked_dispatches(kernels, ts, KM.upload_stacked(gpu, ts, label="qkv"), xfs, outs,
+                                       storage(gpu, sbias), Tp, tile=SPLIT)
+    run(gpu, ds)
+
+    want, scale = _want(t, x)
+    _check(f"{qtype.name} plain", read(gpu, y, count=T * N).reshape(T, N), want + bias + resid, scale)
+    g, gs = _want(wg, xp)
+    u, us = _want(wu, xp)
+    ref = F.gated_act(g, u, Activation.GELU)
+    got = read(gpu, yp, count=Tp * Np).reshape(Tp, Np)
+    assert not np.isnan(got).any()
+    # act(g) u moves by |act'(g)| |u| dg + |act(g)| du, and GELU's slope is below 1.2
+    bound = TOL * (1.2 * np.abs(u) * gs + np.abs(F.gated_act(g, np.ones_like(u), Activation.GELU)) * us)
+    assert float(np.max(np.abs(got - ref) - bound)) < 0, float(np.max(np.abs(got - ref) / bound))
+    first = 0
+    for tw, yb, n in zip(ts, outs, sizes):
+        want, scale = _want(tw, xs)
+        _check(f"{qtype.name} stacked {first}..{first + n}", read(gpu, yb, count=Tp * n).reshape(Tp, n),
+               want + sbias[first: first + n], scale)
+        first += n
+
+
+def test_engine_picks_the_tensor_cores(mma, kernels):
+    """Where the device has them, a prompt batch's matmul is this kernel (by tile), and INFR_MMA=0 keeps mmq."""
+    from infr.gpu import tuning
+
+    assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMA.MmaTile)
+    with tuning.override(mma=KMA.MmaTuning(on=False)):
+        assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMQ.MmqTile)
+
+
+def test_tuning_reads_the_environment_and_picks_tiles():
+    """INFR_MMA=0 turns the kernel off; INFR_MMA_TILES replaces the list; a tile that does not fit the
+    device's workgroup memory, or a pair tile with an odd number of row matrices, is passed over."""
+    assert not KMA.MmaTuning.from_env({"INFR_MMA": "0"}).on
+    t = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4 32,32,2,1,1,0"})
+    assert [x.spec for x in t.tiles] == ["64,128,2,2,4,8", "32,32,2,1,1,0"]
+
+    class Dev:
+        limits = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024}
+
+    big = KMA.MmaTile(128, 128, 2, 2, 4)  # 55 KiB of workgroup memory
+    assert big.shared_bytes() > 49152 and not big.fits(Dev())
+    odd = KMA.MmaTile(32, 64, 2, 2, 2)  # one row matrix per subgroup: no gate / up halves
+    assert odd.fits(Dev()) and not odd.fits(Dev(), pair=True)
+    tiles = KMA.MmaTuning(tiles=(big, KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2)), min_groups=256)
+    assert tiles.tile_for(Dev(), 4096, 512).spec == "64,128,2,2,4,8"  # 256 workgroups
+    assert tiles.tile_for(Dev(), 2048, 512).spec == "64,64,2,2,2,8"  # 64 x 128 gives 128 only
+    assert tiles.tile_for(Dev(), 2048, 128) is None  # none fills the device: mmq's smaller tiles

@@ -1,0 +1,230 @@
+// Quantized weights times 8-bit activations for batches of tokens on the
+// tensor cores (the Dawn tier: chromium_experimental_subgroup_matrix, f16
+// inputs, f32 results). The same params, block readers and epilogues as
+// gemm_mmq.wgsl, so the engine swaps one for the other by tile: the readers
+// (mmq_{{QTYPE}}.wgsl) stage int8 lanes and per-32-value scales, this kernel
+// turns them into f16 values (a q + b, or the 16-value scales of SCALE16) in
+// a weight tile, the tokens' q8 rows into f16 values d q in a token tile,
+// and the subgroups multiply 16 x 16 x 16 matrices of the two. (Token
+// matrices loaded straight from an f16 copy of the rows in global memory
+// were slower on the H200: 46 against 72 TOPS for Q4_K.)
+//
+// Numerics: each product is of the q8-rounded activation and the block's
+// weight value, both rounded once more to f16 (relative 2^-11, well inside
+// the q8 rounding the CPU reference applies), summed in f32.
+//
+// A workgroup owns BN staged weight rows x BT tokens; subgroup (sr, sc) of
+// SGR x SGT holds TM x TN result matrices (rows sr TM 16 + 16a, tokens
+// sc TN 16 + 16b; PAIR: matrices a < TM / 2 are gate rows and a + TM / 2 the
+// same rows of up). Per stage of SUB sub-blocks (KS = 32 SUB values):
+//   B  convert: the staged int8 lanes and scales (wq, ws) -> wh (f16,
+//      [row][k], row stride LD); the fetched token vec4 -> xh ([token][k]);
+//   C  products: TM x TN multiply-accumulates per 16 values of k,
+// with the next stage's global loads issued before C and put into wq / ws
+// after it: two barriers per stage. Results leave through a per-subgroup
+// 16 x 16 scratch (ep) into matmul_common's row epilogue (bias, residual) or
+// gemv_split's q|k|v store. Rows past N and tokens past T read row N - 1 /
+// token T - 1 and are not stored. K % 256 == 0. Dispatch
+// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1).
+
+enable chromium_experimental_subgroup_matrix;
+
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
+
+// #include matmul_common
+// #include activations
+// #include mmq_reader
+// #include mmq_{{QTYPE}}
+
+{{W2}}
+{{SPLIT_DECL}}
+
+const BN: u32 = {{BN}}u;    // staged weight rows per tile
+const BT: u32 = {{BT}}u;    // tokens per tile
+const SUB: u32 = {{SUB}}u;  // sub-blocks per stage: 2, 4 or 8
+const SGR: u32 = {{SGR}}u;  // subgroups along rows
+const SGT: u32 = {{SGT}}u;  // subgroups along tokens
+const SG: u32 = {{SG}}u;    // subgroup size
+const TM: u32 = {{TM}}u;    // result matrices per subgroup along rows (BN / SGR / 16)
+const TN: u32 = {{TN}}u;    // along tokens (BT / SGT / 16)
+const PAD: u32 = {{PAD}}u;
+const PAIR: bool = {{PAIR}};
+const ACT_GELU: bool = {{GELU}};
+const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
+const WG: u32 = SGR * SGT * SG;
+const KS: u32 = 32u * SUB;   // k values per stage
+const LD: u32 = KS + PAD;    // f16 stride of a tile row
+const XV: u32 = 2u * SUB;    // int8 vec4 per row (or token) per stage
+const OUT_ROWS: u32 = select(BN, BN / 2u, PAIR);
+const NU: u32 = (BN * UNITS + WG - 1u) / WG;  // weight units per invocation per stage
+const NX: u32 = (BT * XV + WG - 1u) / WG;     // token vec4 per invocation per stage
+const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted per invocation
+
+var<workgroup> wq: array<vec4<u32>, XV * BN>;   // the readers' int8 lanes, [row][vec4]
+var<workgroup> ws: array<vec2<f32>, SUB * BN>;  // their scale terms, [row][sub-block]
+var<workgroup> wh: array<f16, BN * LD>;
+var<workgroup> xh: array<f16, BT * LD>;
+var<workgroup> ep: array<f32, SGR * SGT * 256u>;
+var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
+
+fn put_q(buf: u32, rho: u32, v: u32, q: vec4<u32>) {
+    wq[rho * XV + v] = q;
+}
+
+fn put_s(buf: u32, rho: u32, sl: u32, s: vec2<f32>) {
+    ws[rho * SUB + sl] = s;
+}
+
+// One stage's global loads in registers: the invocation's weight units, and its
+// token vec4 with the (d_a, s_a, d_b, s_b) of their sub-block pair.
+struct Staged {
+    u: array<Raw, NU>,
+    x: array<vec4<u32>, NX>,
+    d: array<vec4<u32>, NX>,
+}
+
+fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
+    let k0 = st * KS;
+    var g: Staged;
+    for (var n = 0u; n < NU; n++) {
+        let k = tid + n * WG;
+        if (k < BN * UNITS) {
+            let at = staged_row(k / UNITS, first);
+            g.u[n] = fetch_unit(at.x, at.y, k0, k % UNITS);
+        }
+    }
+    for (var n = 0u; n < NX; n++) {
+        let k = tid + n * WG;
+        if (k < BT * XV) {
+            let t = min(tok0 + k / XV, params.T - 1u);
+            let v = k % XV;
+            g.x[n] = xq[t * params.x_stride + k0 / 16u + v];
+            g.d[n] = xq[t * params.x_stride + params.K / 16u + k0 / 64u + v / 4u];
+        }
+    }
+    return g;
+}
+
+fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
+    let k0 = st * KS;
+    for (var n = 0u; n < NU; n++) {
+        let k = tid + n * WG;
+        if (k < BN * UNITS) {
+            let at = staged_row(k / UNITS, first);
+            put_unit(g.u[n], at.y, k0, k % UNITS, k / UNITS, 0u);
+        }
+    }
+}
+
+// Stage-local vec4 v (quantize_q8's order) -> (sub-block, half): the inverse of qv.
+fn sub_half(v: u32) -> vec2<u32> {
+    return vec2<u32>(2u * (v / 4u) + (v % 2u), (v % 4u) / 2u);
+}
+
+// B: the staged weights and the fetched tokens as f16 tiles.
+fn convert(g: Staged, tid: u32) {
+    for (var n = 0u; n < NW; n++) {
+        let i = tid + n * WG;
+        if (i < BN * KS / 8u) {
+            let rho = i / (KS / 8u);
+            let k = 8u * (i % (KS / 8u));  // stage-local value
+            let sl = k / 32u;
+            let hf = (k % 32u) / 16u;
+            let q4 = wq[rho * XV + qv(sl, hf)];
+            let j = (k % 16u) / 4u;  // the first of two words
+            let qa = vec4<f32>(unpack4xI8(q4[j]));
+            let qb = vec4<f32>(unpack4xI8(q4[j + 1u]));
+            let s = ws[rho * SUB + sl];
+            var a = s.x;
+            var b = vec4<f32>(0.0);
+            if (SCALE16) {
+                a = select(s.x, s.y, hf == 1u);
+            } else if (MIN_TERM) {
+                b = vec4<f32>(s.y);
+            }
+            let va = vec4<f16>(fma(vec4<f32>(a), qa, b));
+            let vb = vec4<f16>(fma(vec4<f32>(a), qb, b));
+            let o = rho * LD + k;
+            wh[o] = va.x; wh[o + 1u] = va.y; wh[o + 2u] = va.z; wh[o + 3u] = va.w;
+            wh[o + 4u] = vb.x; wh[o + 5u] = vb.y; wh[o + 6u] = vb.z; wh[o + 7u] = vb.w;
+        }
+    }
+    for (var n = 0u; n < NX; n++) {
+        let i = tid + n * WG;
+        if (i < BT * XV) {
+            let tau = i / XV;
+            let sh = sub_half(i % XV);
+            let d4 = bitcast<vec4<f32>>(g.d[n]);
+            let d = vec4<f32>(select(d4.x, d4.z, sh.x % 2u == 1u));
+            let o = tau * LD + 32u * sh.x + 16u * sh.y;
+            for (var c = 0u; c < 4u; c++) {
+                let v = vec4<f16>(d * vec4<f32>(unpack4xI8(g.x[n][c])));
+                xh[o + 4u * c] = v.x; xh[o + 4u * c + 1u] = v.y; xh[o + 4u * c + 2u] = v.z; xh[o + 4u * c + 3u] = v.w;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
+    let tok0 = wid.y * BT;
+    let sr = sg % SGR;
+    let sc = sg / SGR;
+    let nst = params.K / KS;
+    if (INIT) {
+        reader_init(tid);
+        workgroupBarrier();
+    }
+{{ACC_DECL}}
+    var g = fetch(0u, tid, first, tok0);
+    put_weights(g, 0u, tid, first);
+    workgroupBarrier();
+    for (var st = 0u; st < nst; st++) {
+        if (CONVERT) {
+            convert(g, tid);
+        }
+        workgroupBarrier();
+        let ahead = st + 1u < nst;
+        if (ahead) {
+            g = fetch(st + 1u, tid, first, tok0);  // in flight during the products
+        }
+        for (var kk = 0u; kk < KS; kk += 16u) {
+{{PRODUCTS}}
+        }
+        if (ahead) {
+            put_weights(g, st + 1u, tid, first);
+        }
+        workgroupBarrier();
+    }
+    let scratch = sg * 256u;
+{{EPILOGUE}}
+}
+
+// One output matrix of this subgroup through ep: rows row0 + m, tokens t0 + n
+// (ep column-major: element (m, n) at 16 n + m); `other` the matching up
+// matrix's values (PAIR) as this lane read them.
+fn out_values(scratch: u32, lane: u32) -> array<f32, 8> {
+    var v: array<f32, 8>;
+    for (var e = 0u; e < 8u; e++) {
+        v[e] = ep[scratch + lane + 32u * e];
+    }
+    return v;
+}
+
+fn store_values(v: array<f32, 8>, up: array<f32, 8>, lane: u32, row0: u32, t0: u32) {
+    for (var e = 0u; e < 8u; e++) {
+        let idx = lane + 32u * e;
+        let r = row0 + idx % 16u;
+        let t = t0 + idx / 16u;
+        if (r < params.N && t < params.T) {
+            var x = v[e];
+            if (PAIR) {
+                x = select(silu(x), gelu(x), ACT_GELU) * up[e];
+            }
+            {{STORE}}(r, t, x);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+// What the block readers (mmq_TYPE.wgsl) use, shared by the kernels that stage
+// them (gemm_mmq.wgsl, gemm_mma.wgsl): word and vec4 loads of the staged
+// matrices, byte tricks, the activations' value order (qv) and the staged
+// rows of a tile. The including kernel declares w (and, PAIR, w2), BN, PAIR,
+// params, put_q and put_s; {{W2_LOAD}} / {{W2_WORD}} read w2.
+
+const LO4: u32 = 0x0F0F0F0Fu;
+
+// Vec4 i of staged matrix `slot` (0: w, 1: w2), for types whose blocks are 16-byte aligned.
+fn wvec(slot: u32, i: u32) -> vec4<u32> {
+    {{W2_LOAD}}
+    return w[i];
+}
+
+// Word i (bytes 4i .. 4i + 3) of staged matrix `slot`.
+fn wword(slot: u32, i: u32) -> u32 {
+    {{W2_WORD}}
+    return w[i >> 2u][i & 3u];
+}
+
+// Bytes 2 .. 5 of the 8 bytes a, b when `odd`, else a: a 4-byte field at an
+// offset that is 2 mod 4, read from the two words holding it.
+fn al16(a: u32, b: u32, odd: bool) -> u32 {
+    return select(a, (a >> 16u) | (b << 16u), odd);
+}
+
+// The f16 in the high (`hi`) or low half of a word.
+fn half_at(word: u32, hi: bool) -> f32 {
+    return unpack2x16float(select(word, word >> 16u, hi)).x;
+}
+
+// Four unsigned bytes v (each < 128) minus `off` per byte, as int8 lanes: no borrow crosses a byte.
+fn minus4(v: u32, off: u32) -> u32 {
+    return ((v | 0x80808080u) - off) ^ 0x80808080u;
+}
+
+// Bit k of t (k < 4) to bit 0 of byte k.
+fn spread4(t: u32) -> u32 {
+    return ((t & 0xFu) * 0x00204081u) & 0x01010101u;
+}
+
+// Stage-local vec4 of values [16 hf, 16 hf + 16) of stage sub-block sl (quantize_q8's order).
+fn qv(sl: u32, hf: u32) -> u32 {
+    return 4u * (sl / 2u) + (sl % 2u) + 2u * hf;
+}
+
+// Staged row `rho` of this tile: (which matrix, byte offset of its row).
+fn staged_row(rho: u32, first: u32) -> vec2<u32> {
+    var slot = 0u;
+    var r = first + rho;
+    if (PAIR && rho >= BN / 2u) {
+        slot = 1u;
+        r -= BN / 2u;
+    }
+    return vec2<u32>(slot, min(r, params.N - 1u) * params.row_bytes);
+}
