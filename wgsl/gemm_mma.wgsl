@@ -29,16 +29,8 @@
 
 enable chromium_experimental_subgroup_matrix;
 
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
-
-// #include matmul_common
-// #include activations
 // #include mmq_reader
 // #include mmq_{{QTYPE}}
-
-{{W2}}
-{{SPLIT_DECL}}
 
 const BN: u32 = {{BN}}u;    // staged weight rows per tile
 const BT: u32 = {{BT}}u;    // tokens per tile

@@ -1,8 +1,18 @@
-// What the block readers (mmq_TYPE.wgsl) use, shared by the kernels that stage
-// them (gemm_mmq.wgsl, gemm_mma.wgsl): word and vec4 loads of the staged
-// matrices, byte tricks, the activations' value order (qv) and the staged
-// rows of a tile. The including kernel declares w (and, PAIR, w2), BN, PAIR,
-// params, put_q and put_s; {{W2_LOAD}} / {{W2_WORD}} read w2.
+// What the kernels that stage the block readers (mmq_TYPE.wgsl) share
+// (gemm_mmq.wgsl, gemm_mma.wgsl): the weights w (and, {{W2}}, the pair's w2),
+// the rounded rows xq, matmul_common's params and outputs, the epilogues, and
+// what the readers use: word and vec4 loads of the staged matrices, byte
+// tricks, the activations' value order (qv) and the staged rows of a tile.
+// The including kernel declares BN, PAIR, put_q and put_s.
+
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
+
+// #include matmul_common
+// #include activations
+
+{{W2}}
+{{SPLIT_DECL}}
 
 const LO4: u32 = 0x0F0F0F0Fu;
 

@@ -1,0 +1,139 @@
+"""The GPU backend's graphs: the plan lowered (infr/gpu/lowering.py) into recorded dispatches
+per batch shape, kept in a small cache, and which form a step takes.
+
+A shape is (T rows, n logit rows, far, decode): `far` is the form for batches whose longest row
+sees more than split_from keys (split-K attention; the same graph where T has one form),
+`decode` a batched decode step past SPLIT_MAX_T rows. GPUBackend holds these as methods
+(this class is its graph half): they read its plan, kernels, weights and buffers.
+"""
+
+from __future__ import annotations
+
+from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_misc as KS
+from infr.gpu.lowering import Lowering
+from infr.gpu.runtime import Dispatch, Recording, storage
+
+MAX_LOGIT_ROWS = 64  # output rows of one step: every running sequence's (backend.MAX_SEQS)
+SHAPE_CACHE = 24  # distinct (T, n_logits) graphs kept built: the engine's row and output buckets
+
+
+class Graphs:
+    """The graph half of GPUBackend (self is the backend)."""
+
+    def _multi_step(self, T: int, far: bool, draws: "KSA.Draws | None" = None) -> Recording:
+        """One step of T decode rows (the graph with every row an output row): argmax into ids,
+        the loaded samplers (`draws`, StepSampling.load's) over their rows' ids, then the step
+        kernel's `batch` entry."""
+        far = far and self._has_spans(T, True)
+        cache = self.__dict__.setdefault("_multi", {})
+        logits = self._logits_buffer(T, T, far, True)
+        key = (T, far, draws)
+        if key not in cache:
+            body, head, _ = self._graph(T, T, far, True)
+            argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
+            pipe = self.kern.pipeline("step", "batch")
+            advance = Dispatch(pipe, self.kern.bind(pipe, [self.ids, self.state, self.token_log, self.rows]),
+                               (1, 1, 1), "step")
+            if len(cache) >= SHAPE_CACHE:
+                cache.pop(next(iter(cache)))
+            cache[key] = Recording(body.dispatches + head.dispatches + argmax
+                                   + self._sampling().dispatches(logits, self.ids, draws) + [advance])
+        return cache[key]
+
+    def _argmax_rows(self, logits_buf, rows: int) -> list[Dispatch]:
+        """argmax of each of the first `rows` rows of a logits buffer into step_tokens (built once per buffer)."""
+        cache = self.__dict__.setdefault("_argmaxes", {})
+        key = (id(logits_buf), rows)
+        if key not in cache:
+            if not hasattr(self, "step_tokens"):
+                self.step_tokens = storage(self.dev, 4 * MAX_LOGIT_ROWS, label="step_tokens")
+            cache[key] = (logits_buf, KS.argmax_dispatches(self.kern, logits_buf, self.step_tokens,
+                                                           self.plan.spec.n_vocab, rows))
+        return cache[key][1]
+
+
+    # --- which graph a step takes: near or far keys (kernels_attention.attention_dispatches' span)
+
+    def _has_spans(self, T: int, decode: bool = False) -> bool:
+        """Whether graphs for T rows come in a near and a far form."""
+        known = self.__dict__.setdefault("_span_forms", {})
+        if (T, decode) not in known:
+            known[(T, decode)] = any(
+                KA.attention_mode(T, la.attention.head_dim, la.attention.v_head_dim, self.n_ctx, decode) == "switch"
+                for la in self.plan.spec.layers)
+        return known[(T, decode)]
+
+    def _far(self, start: int, T: int, rows: int | None = None, decode: bool = False) -> bool:
+        """Whether a batch whose longest row is the last of T tokens from `start` (its
+        row sees start + T keys) takes the far graph (more than split_from keys:
+        split-K attention), rather than the near one (one pass); `rows`: the
+        graph's rows when they are not T (run_rows: T = 1 at the longest row's position)."""
+        return start + T > KA.split_from() and self._has_spans(rows or T, decode)
+
+    def spans(self, start: int, k: int) -> list[tuple[bool, int]]:
+        """k one-token steps running tokens start .. start + k - 1: (far, steps) runs in order."""
+        cut = min(k, max(0, KA.split_from() - start))  # steps whose token sees at most split_from keys
+        if not self._has_spans(1):
+            return [(False, k)]
+        return [(far, n) for far, n in ((False, cut), (True, k - cut)) if n]
+
+    def _logits_buffer(self, T: int, n_logits: int, far: bool = False, decode: bool = False):
+        self._graph(T, n_logits, far, decode)
+        decode = decode and T > KA.SPLIT_MAX_T
+        return self._graphs[(T, n_logits, far and self._has_spans(T, decode), decode)][3]
+
+    # --- lowering
+
+    def _graph(self, T: int, n_logits: int, far: bool = False, decode: bool = False):
+        """(body, head, x buffer) for a batch of T rows; `far`: the form for batches whose longest
+        row sees more than split_from keys (the same graph where T has one form); `decode`: a
+        batched decode step (kernels_attention.attention_mode; the same graph up to SPLIT_MAX_T rows)."""
+        decode = decode and T > KA.SPLIT_MAX_T
+        far = far and self._has_spans(T, decode)
+        key = (T, n_logits, far, decode)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            return self._graphs[key][:3]
+        lower = Lowering(self, T, far, decode)
+        body = []
+        ops = list(self.plan.embed + self.plan.layers)
+        i = 0  # the group's first op in `ops`
+        for g in self.plan.groups:  # the runs the plan names for fusion (infr/fusion.py)
+            self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
+            lower.ahead = ops[i + 1] if i + 1 < len(ops) else None
+            stack = tuple(m.weight for m in g.ops) if g.kind == "qkv" else None
+            fused = lower.gate_up(*g.ops) if g.kind == "gate_up" else None
+            if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
+                body += lower.stacked(list(g.ops), stack)
+            elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
+                body += fused
+            elif g.kind == "rope_store":  # rope(q), rope(k), kv store in one dispatch
+                body += lower.rope_store(*g.ops)
+            elif g.kind == "residual":  # x = x + W·h in one dispatch
+                body += lower.matmul_residual(*g.ops)
+            else:  # one op, or a group no kernel fuses here: its ops one by one
+                for j, op in enumerate(g.ops):
+                    lower.ahead = ops[i + j + 1] if i + j + 1 < len(ops) else None
+                    body += lower.op(op)
+            i += len(g.ops)
+        x_buf = lower.current("x")
+        head = []
+        if n_logits:
+            if n_logits != T:
+                lower.rows = n_logits
+                lower.bind_external("x", self.tail)
+            for j, op in enumerate(self.plan.head):
+                lower.ahead = self.plan.head[j + 1] if j + 1 < len(self.plan.head) else None
+                head += lower.op(op)
+        logits = lower.current("logits") if n_logits else None
+        body, head = Recording(body), Recording(head)  # prepared once, re-encoded every call
+        self._graphs[key] = (body, head, x_buf, logits)
+        while len(self._graphs) > SHAPE_CACHE:
+            self._graphs.popitem(last=False)
+        return body, head, x_buf
+
+    @property
+    def dispatches_per_token(self) -> int:
+        body, head, _ = self._graph(1, 1)
+        return len(body) + len(head)
