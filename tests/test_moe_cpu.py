@@ -217,3 +217,23 @@ def test_batched_equals_alone_on_moe_models(tmp_path, preset, weight_type):
     assert run(prompts) == alone
     assert stats.steps - steps < (stats.rows - rows) / 4  # they did share steps
     assert sum(len(out) for out in alone) > len(prompts)  # (a request may stop at once on the end token)
+
+
+def test_shared_expert_gate_and_query_temperature_ops():
+    from types import SimpleNamespace
+
+    from infr.cpu.kinds import compile_op
+    from infr.models.llama4 import TEMPERATURE
+    from infr.ops import QueryTemp, SigmoidGate
+
+    rng = np.random.default_rng(5)
+    h, s, wv = rng.normal(size=(6, 16)), rng.normal(size=(6, 16)), rng.normal(size=16)
+    be = SimpleNamespace(w={"gate": wv.astype(np.float32)})
+    env = {"h": h.astype(np.float32), "s": s.astype(np.float32)}
+    compile_op(be, SigmoidGate("s", "h", "gate"))(env, None, None)
+    np.testing.assert_allclose(env["s"], s / (1 + np.exp(-(h @ wv)))[:, None], rtol=1e-5)  # one scalar per row
+
+    pos = np.array([0, 5, 8190, 8191, 20000, 3])
+    env = {"q": np.ones((6, 8), np.float32)}
+    compile_op(be, QueryTemp("q", TEMPERATURE))(env, None, SimpleNamespace(pos=pos))
+    np.testing.assert_allclose(env["q"][:, 0], 1 + 0.1 * np.log(np.floor((pos + 1) / 8192) + 1), rtol=1e-6)
