@@ -11,6 +11,12 @@ Facts from llama.cpp (src/llama-quant.cpp, src/models/{qwen3moe,llama4}.cpp):
 - with exactly 8 experts (Mixtral) attn_v and attn_k are Q8_0 and, in Q4_K_M, attn_output Q5_K;
 - llama4: every interleave_moe_layer_step-th layer ((il + 1) % step == 0) is MoE with a shared
   expert of the experts' width; the others have a dense FFN of feed_forward_length.
+
+Checked with llama.cpp build 11434's llama-server (CPU, -nr): qwen3-30b-a3b cut to 2 layers and
+llama-4-scout cut to 4, both Q4_K_M, load and generate; on the Qwen3 one infr's CPU reference
+gives the same 4 greedy tokens. A llama4 file of fewer than 4 layers has no NoPE layer, and
+llama.cpp then aborts on its unused temperature input ("tensor buffer not set"): cut llama4
+presets to 4 layers or more.
 """
 
 from __future__ import annotations
