@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infr.models.spec import Activation, AttentionSpec, RopeSpec
+from infr.models.spec import Activation, AttentionSpec, MoESpec, QueryTemperature, RopeSpec
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Embed:
 class RMSNorm:
     dst: str
     src: str
-    weight: str
+    weight: str | None  # None: weightless (llama4's q/k norm after rope)
     eps: float
     group: int | None = None  # normalise each group of this many values (per head)
 
@@ -84,4 +84,41 @@ class Softcap:
     cap: float
 
 
-Op = Embed | RMSNorm | MatMul | Rope | StoreKV | Attention | GatedAct | Add | Softcap
+@dataclass(frozen=True)
+class QueryTemp:
+    """buf's rows (queries) times tau(position): llama4's temperature on its NoPE layers."""
+
+    buf: str
+    temp: QueryTemperature
+
+
+@dataclass(frozen=True)
+class MoE:
+    """dst = the mixture of experts on src (spec: infr.models.spec.MoESpec), routed by the
+    router's logits already in `logits` ([T, n_expert], an ordinary MatMul before it).
+
+    banks: the expert weight banks, each [n_expert, out, in] in its GGUF block type:
+    (gate, up, down), or (gate_up, down) when spec.fused_gate_up. A backend reads only the
+    selected experts' blocks. q8: per bank, whether its matmuls take 8-bit-rounded inputs
+    (numerics.takes_q8 of its type; set by infr.plan.bind, None before)."""
+
+    dst: str
+    src: str
+    logits: str
+    layer: int
+    spec: MoESpec
+    banks: tuple[str, ...]
+    q8: tuple[bool, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SigmoidGate:
+    """buf *= sigmoid(src . weight), one scalar per row (weight: a vector of src's width):
+    the gate of a shared expert (ffn_gate_inp_shexp)."""
+
+    buf: str
+    src: str
+    weight: str
+
+
+Op = Embed | RMSNorm | MatMul | Rope | StoreKV | Attention | GatedAct | Add | Softcap | QueryTemp | MoE | SigmoidGate

@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from infr import fusion, numerics
-from infr.models.spec import LayerSpec, ModelSpec
-from infr.ops import Add, Attention, Embed, GatedAct, MatMul, Op, RMSNorm, Rope, Softcap, StoreKV
+from infr.errors import InfrError
+from infr.models.spec import FFNSpec, LayerSpec, ModelSpec, MoESpec
+from infr.ops import (Add, Attention, Embed, GatedAct, MatMul, MoE, Op, QueryTemp, RMSNorm, Rope, SigmoidGate, Softcap,
+                      StoreKV)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,27 @@ class Plan:
     @property
     def bound(self) -> bool:
         """Whether every matmul's input numerics are set (bind)."""
-        return all(op.q8 is not None for op in self.ops if isinstance(op, MatMul))
+        return all(op.q8 is not None for op in self.ops if isinstance(op, (MatMul, MoE)))
+
+    @property
+    def expert_banks(self) -> frozenset[str]:
+        """The MoE ops' expert banks ([n_expert, out, in]): a backend reads only the selected
+        experts' blocks of these, never the whole tensor at load."""
+        return frozenset(b for op in self.ops if isinstance(op, MoE) for b in op.banks)
+
+    @property
+    def cpu_only(self) -> tuple[str, ...]:
+        """What in this plan has no GPU kernels yet (empty: the GPU backend can run it)."""
+        out: list[str] = []
+        if any(isinstance(op, (MoE, SigmoidGate)) for op in self.ops):
+            out.append("MoE FFN")
+        if any(isinstance(op, RMSNorm) and op.weight is None for op in self.ops):
+            out.append("weightless q/k norm")
+        if any(isinstance(op, QueryTemp) for op in self.ops):
+            out.append("query temperature")
+        if any(isinstance(op, Attention) and op.spec.chunk for op in self.ops):
+            out.append("chunked attention")
+        return tuple(out)
 
     @cached_property
     def groups(self) -> tuple[fusion.Group, ...]:
@@ -87,7 +109,7 @@ class Plan:
         names: list[str] = []
         for op in self.ops:
             for name in (getattr(op, "table", None), getattr(op, "weight", None), getattr(op, "bias", None),
-                         getattr(getattr(op, "rope", None), "freq_factors", None)):
+                         getattr(getattr(op, "rope", None), "freq_factors", None), *getattr(op, "banks", ())):
                 if name and name not in names:
                     names.append(name)
         return names
@@ -106,6 +128,8 @@ def _width(op: Op, known: dict[str, int], spec: ModelSpec) -> int:
         return known[op.gate]
     if isinstance(op, Add):
         return known[op.a]
+    if isinstance(op, MoE):
+        return spec.n_embd
     return 0  # ops that write in place (Rope, Softcap) or write no value (StoreKV)
 
 
@@ -120,6 +144,16 @@ def check_shapes(plan: Plan, gf) -> None:
             if shape != (op.n_out, now[op.src]):
                 raise InfrError(f"{op.weight} is {shape[0]} x {shape[-1]}, but the model's metadata "
                                 f"makes it {op.n_out} x {now[op.src]}: a damaged or mislabelled GGUF")
+        if isinstance(op, MoE):
+            for name, want in zip(op.banks, bank_shapes(op, now[op.src])):
+                shape = tuple(int(d) for d in gf.tensor(name).shape)
+                if shape != want:
+                    raise InfrError(f"{name} is {' x '.join(map(str, shape))}, but the model's metadata makes it "
+                                    f"{' x '.join(map(str, want))}: a damaged or mislabelled GGUF")
+        if isinstance(op, SigmoidGate):
+            shape = tuple(int(d) for d in gf.tensor(op.weight).shape)
+            if shape != (now[op.src],):
+                raise InfrError(f"{op.weight} has shape {shape}, expected ({now[op.src]},)")
         w = _width(op, now, plan.spec)
         if w:
             now[op.dst] = w
@@ -134,11 +168,24 @@ def bind(plan: Plan, gf) -> Plan:
     if plan.bound:
         return plan
 
+    def mark_one(op: Op) -> Op:
+        if isinstance(op, MatMul) and op.q8 is None:
+            return replace(op, q8=numerics.takes_q8(gf.tensor(op.weight).qtype))
+        if isinstance(op, MoE) and op.q8 is None:
+            return replace(op, q8=tuple(numerics.takes_q8(gf.tensor(b).qtype) for b in op.banks))
+        return op
+
     def mark(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-        return tuple(replace(op, q8=numerics.takes_q8(gf.tensor(op.weight).qtype))
-                     if isinstance(op, MatMul) and op.q8 is None else op for op in ops)
+        return tuple(mark_one(op) for op in ops)
 
     return replace(plan, embed=mark(plan.embed), layers=mark(plan.layers), head=mark(plan.head))
+
+
+def bank_shapes(op: MoE, n_in: int) -> tuple[tuple[int, int, int], ...]:
+    """The numpy shapes [n_expert, out, in] the MoE op's banks must have, in op.banks order."""
+    m, e = op.spec, op.spec.n_expert
+    up = ((e, 2 * m.hidden, n_in),) if m.fused_gate_up else ((e, m.hidden, n_in), (e, m.hidden, n_in))
+    return up + ((e, n_in, m.hidden),)
 
 
 def build_plan(spec: ModelSpec) -> Plan:
@@ -171,6 +218,11 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     if a.rope is not None:
         ops.append(Rope("q", a.n_heads, a.head_dim, a.rope))
         ops.append(Rope("k", a.n_kv_heads, a.head_dim, a.rope))
+    if a.qk_rms_after_rope:
+        ops.append(RMSNorm("q", "q", None, spec.norm_eps, group=a.head_dim))
+        ops.append(RMSNorm("k", "k", None, spec.norm_eps, group=a.head_dim))
+    if a.temperature is not None:
+        ops.append(QueryTemp("q", a.temperature))
     ops.append(StoreKV(layer.index, "k", "v"))
     ops.append(Attention("attn", "q", layer.index, a))
     ops.append(MatMul("o", "attn", p + "attn_output.weight", n_out=spec.n_embd))
@@ -181,6 +233,11 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
 
 
 def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    """The FFN of one layer, by its kind: dense (FFNSpec) or a mixture of experts (MoESpec)."""
+    if isinstance(layer.ffn, MoESpec):
+        return _moe_block(spec, layer)
+    if not isinstance(layer.ffn, FFNSpec):
+        raise InfrError(f"layer {layer.index}: unknown FFN kind {type(layer.ffn).__name__}")
     f = layer.ffn
     p = f"blk.{layer.index}."
     ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
@@ -188,6 +245,32 @@ def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     ops.append(MatMul("u", "h", p + "ffn_up.weight", n_out=f.hidden))
     ops.append(GatedAct("g", "g", "u", f.activation))
     ops.append(MatMul("f", "g", p + "ffn_down.weight", n_out=spec.n_embd))
+    if layer.post_ffn_norm:
+        ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", spec.norm_eps))
+    ops.append(Add("x", "x", "f"))
+    return ops
+
+
+def _moe_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    """Router matmul, the experts (one MoE op), the shared expert as a dense gated FFN (scaled
+    by its sigmoid gate where it has one) added to their sum, then the residual add: llama.cpp's
+    order of sums, ((experts) + shared) + x."""
+    m = layer.ffn
+    assert isinstance(m, MoESpec)
+    p = f"blk.{layer.index}."
+    ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
+    ops.append(MatMul("router", "h", p + "ffn_gate_inp.weight", n_out=m.n_expert))
+    banks = (("ffn_gate_up_exps",) if m.fused_gate_up else ("ffn_gate_exps", "ffn_up_exps")) + ("ffn_down_exps",)
+    ops.append(MoE("f", "h", "router", layer.index, m, tuple(p + b + ".weight" for b in banks)))
+    if m.shared is not None:
+        sh = m.shared
+        ops.append(MatMul("g", "h", p + "ffn_gate_shexp.weight", n_out=sh.hidden))
+        ops.append(MatMul("u", "h", p + "ffn_up_shexp.weight", n_out=sh.hidden))
+        ops.append(GatedAct("g", "g", "u", sh.activation))
+        ops.append(MatMul("s", "g", p + "ffn_down_shexp.weight", n_out=spec.n_embd))
+        if sh.gated:
+            ops.append(SigmoidGate("s", "h", p + "ffn_gate_inp_shexp.weight"))
+        ops.append(Add("f", "f", "s"))
     if layer.post_ffn_norm:
         ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", spec.norm_eps))
     ops.append(Add("x", "x", "f"))

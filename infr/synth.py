@@ -2,8 +2,9 @@
 
 They serve two purposes. Tiny ones (F32) run through llama.cpp and infr alike
 and make an exact oracle for families with no small real model (qwen3).
-Full-size ones (the real shapes of Llama 3, Qwen 2.5/3) with quantized
-matrices feed benchmarks without downloading gigabytes.
+Full-size ones (the real shapes of Llama 3, Qwen 2.5/3, Qwen3-30B-A3B, Llama-4-Scout)
+with quantized matrices feed benchmarks without downloading gigabytes. The MoE families'
+experts, router and rules live in infr/synth_moe.py.
 
 `write_gguf(spec, path, seed)` is deterministic: the same spec and seed give
 the same bytes (tests compare sha256 against fixtures made by llama.cpp).
@@ -41,9 +42,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
+from infr import synth_moe
 from infr.synth_encode import encode
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS)
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
 BIAS_STD = 0.2
 NORM_SPREAD = 0.2  # norm weights are uniform in 1 +- this
@@ -65,10 +67,11 @@ class Llama3Rope:
         wavelen = 2 * math.pi / inv
         low_wavelen = self.original_context / self.low_freq_factor
         high_wavelen = self.original_context / self.high_freq_factor
-        smooth = (self.original_context / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor
-        )
-        ramp = 1.0 / ((1.0 - smooth) / self.factor + smooth)
+        with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no ramp (Llama 4)
+            smooth = (self.original_context / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            ramp = 1.0 / ((1.0 - smooth) / self.factor + smooth)
         out = np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, self.factor, ramp))
         return out.astype(np.float32)
 
@@ -93,10 +96,15 @@ class SynthSpec:
     rope_scaling: Llama3Rope | None = None  # llama only
     name: str = "synthetic"
     tokenizer: str = "test"  # "test" (llama-cpp-python) or "gpt2" (llama-server builds without `test`)
+    # mixture of experts (qwen3moe, llama4: infr/synth_moe.py)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # each expert's width (llama4's shared expert too)
+    moe_step: int = 1  # llama4: every moe_step-th layer is MoE, the others dense (n_ff)
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe")
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -112,8 +120,9 @@ class SynthSpec:
             raise ValueError("gemma3 needs a sliding_window")
         if self.arch != "gemma3" and self.sliding_window:
             raise ValueError(f"{self.arch} has no sliding window")
-        if self.rope_scaling is not None and self.arch != "llama":
-            raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama only")
+        if self.rope_scaling is not None and self.arch not in ("llama", "llama4"):
+            raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama and llama4 only")
+        synth_moe.validate(self)
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
 
@@ -141,6 +150,20 @@ PRESETS: dict[str, SynthSpec] = {
         "gemma3", n_layers=7, n_embd=64, n_heads=2, n_kv_heads=1, head_dim=64, n_ff=128, n_vocab=512,
         ctx=256, rope_theta=1000000.0, sliding_window=8, name="tiny-gemma3",
     ),
+    # MoE: a non-power-of-two expert count, top-2 of softmax (qwen3moe); top-1 of raw logits with
+    # sigmoid weights before the expert, a shared expert, dense and MoE layers, four layers so the
+    # last one is NoPE with the query temperature, rope_freqs (llama4).
+    "tiny-qwen3moe": SynthSpec(
+        "qwen3moe", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=192, n_vocab=512,
+        ctx=256, rope_theta=1000000.0, tied=False, n_expert=6, n_expert_used=2, n_ff_exp=64,
+        name="tiny-qwen3moe", tokenizer="gpt2",
+    ),
+    "tiny-llama4": SynthSpec(
+        "llama4", n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, n_vocab=512,
+        ctx=16384, rope_theta=500000.0, tied=False, norm_eps=1e-5, n_expert=5, n_expert_used=1, n_ff_exp=64,
+        moe_step=2, rope_scaling=Llama3Rope(factor=8.0, original_context=64), name="tiny-llama4",
+        tokenizer="gpt2",
+    ),
     # Real shapes, from each model's published config.json.
     "llama-3.2-1b": SynthSpec(
         "llama", n_layers=16, n_embd=2048, n_heads=32, n_kv_heads=8, head_dim=64, n_ff=8192, n_vocab=128256,
@@ -159,6 +182,21 @@ PRESETS: dict[str, SynthSpec] = {
     "qwen2.5-0.5b": SynthSpec(
         "qwen2", n_layers=24, n_embd=896, n_heads=14, n_kv_heads=2, head_dim=64, n_ff=4864, n_vocab=151936,
         ctx=32768, rope_theta=1000000.0, qkv_bias=True, tied=True, name="Qwen2.5-0.5B (synthetic)",
+    ),
+    # Qwen3-30B-A3B: 128 experts, 8 used, 768 wide; untied head.
+    "qwen3-30b-a3b": SynthSpec(
+        "qwen3moe", n_layers=48, n_embd=2048, n_heads=32, n_kv_heads=4, head_dim=128, n_ff=6144, n_vocab=151936,
+        ctx=40960, rope_theta=1000000.0, tied=False, n_expert=128, n_expert_used=8, n_ff_exp=768,
+        name="Qwen3-30B-A3B (synthetic)",
+    ),
+    # Llama-4-Scout-17B-16E: 16 experts top-1 and a shared expert on every layer (step 1), 8192 wide.
+    # rope_scaling: llama3 type, factor 16, low = high frequency factor 1 (as recalled from the
+    # published config; it changes only rope_freqs' values, not any shape).
+    "llama-4-scout": SynthSpec(
+        "llama4", n_layers=48, n_embd=5120, n_heads=40, n_kv_heads=8, head_dim=128, n_ff=16384, n_vocab=202048,
+        ctx=10485760, rope_theta=500000.0, tied=False, norm_eps=1e-5, n_expert=16, n_expert_used=1,
+        n_ff_exp=8192, moe_step=1, rope_scaling=Llama3Rope(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0),
+        name="Llama-4-Scout-17B-16E (synthetic)",
     ),
     # From the metadata of the real gemma-3-270m GGUF.
     "gemma3-270m": SynthSpec(
@@ -251,6 +289,9 @@ def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
         return Q.Q8_0 if wt.base == Q.Q8_0 else Q.Q6_K
     if not name.startswith("blk."):
         return wt.base
+    moe = synth_moe.mixed_type(spec, wt.ftype, name, wt.base) if spec.n_expert else None
+    if moe is not None:
+        return moe
     layer, n = int(name.split(".")[1]), spec.n_layers
     k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
     if name.endswith("attn_v.weight"):
@@ -258,7 +299,7 @@ def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
             return Q.Q6_K
         if wt.ftype == _F.MOSTLY_IQ4_XS and spec.n_heads // spec.n_kv_heads >= 4:
             return Q.Q5_K
-    elif name.endswith("ffn_down.weight"):
+    elif "ffn_down" in name:  # ffn_down, ffn_down_exps, ffn_down_shexp: one category, layer from the name
         if k_mix and _use_more_bits(layer, n):
             return Q.Q6_K
         if wt.ftype == _F.MOSTLY_IQ4_XS and layer < n // 8:
@@ -269,6 +310,8 @@ def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
 def matrix_type(spec: SynthSpec, name: str, n_cols: int) -> Q:
     """The GGML type of one matrix under spec.weight_type."""
     wt = WEIGHT_TYPE_INFO[spec.weight_type]
+    if name.endswith("ffn_gate_inp.weight") and wt.base != Q.F32:
+        return Q.F32  # the router is never quantized, even with --pure
     qtype = _mixed_type(spec, wt, name) if wt.mixed else wt.base
     if qtype in K_FALLBACK and n_cols % 256:
         qtype = K_FALLBACK[qtype]
@@ -284,7 +327,7 @@ def matrix_type(spec: SynthSpec, name: str, n_cols: int) -> Q:
 @dataclass(frozen=True)
 class _TensorPlan:
     name: str
-    shape: tuple[int, ...]  # numpy order: (rows, cols)
+    shape: tuple[int, ...]  # numpy order: (rows, cols), or (n_expert, rows, cols) for an expert bank
     kind: str  # "matrix", "norm", "bias", "rope_freqs"
     qtype: Q
 
@@ -300,6 +343,9 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
 
     def vec(name: str, n: int, kind: str) -> None:
         out.append(_TensorPlan(name, (n,), kind, Q.F32))
+
+    def bank(name: str, n_expert: int, rows: int, cols: int) -> None:
+        out.append(_TensorPlan(name, (n_expert, rows, cols), "matrix", matrix_type(spec, name, cols)))
 
     mat("token_embd.weight", spec.n_vocab, e)
     if spec.rope_scaling is not None:
@@ -321,9 +367,12 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
         if spec.arch == "gemma3":
             vec(p + "post_attention_norm.weight", e, "norm")
         vec(p + "ffn_norm.weight", e, "norm")
-        mat(p + "ffn_gate.weight", ff, e)
-        mat(p + "ffn_up.weight", ff, e)
-        mat(p + "ffn_down.weight", e, ff)
+        if synth_moe.is_moe_layer(spec, i):
+            synth_moe.ffn_tensors(spec, i, mat, bank)
+        else:
+            mat(p + "ffn_gate.weight", ff, e)
+            mat(p + "ffn_up.weight", ff, e)
+            mat(p + "ffn_down.weight", e, ff)
         if spec.arch == "gemma3":
             vec(p + "post_ffw_norm.weight", e, "norm")
     vec("output_norm.weight", e, "norm")
@@ -349,14 +398,15 @@ def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
 
 
 def _chunk_bounds(t: _TensorPlan) -> list[tuple[int, int]]:
-    """(chunk number, rows) of each fixed row chunk of a matrix."""
-    rows, cols = t.shape
+    """(chunk number, rows) of each fixed row chunk of a matrix (an expert bank's rows run on
+    from one expert to the next)."""
+    rows, cols = int(np.prod(t.shape[:-1])), t.shape[-1]
     per_chunk = max(1, CHUNK_ELEMENTS // cols)
     return [(c, min(per_chunk, rows - start)) for c, start in enumerate(range(0, rows, per_chunk))]
 
 
 def _chunk_values(t: _TensorPlan, seed: int, c: int, n: int) -> np.ndarray:
-    cols = t.shape[1]
+    cols = t.shape[-1]
     return _uniform(seed, t.name, c, n * cols, math.sqrt(3.0 / cols)).reshape(n, cols)
 
 
@@ -423,9 +473,10 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
         w.add_value_length(spec.head_dim)
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
-    if spec.arch == "llama":
+    if spec.arch in ("llama", "llama4"):
         w.add_rope_dimension_count(spec.head_dim)
         w.add_vocab_size(spec.n_vocab)
+    synth_moe.add_metadata(w, spec)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))
@@ -498,7 +549,7 @@ def reference_weights(spec: SynthSpec, name: str, seed: int = 0) -> np.ndarray:
     for t in tensor_plans(spec):
         if t.name == name:
             if t.kind == "matrix":
-                return np.concatenate(list(_matrix_chunks(t, seed)))
+                return np.concatenate(list(_matrix_chunks(t, seed))).reshape(t.shape)
             return _vector_values(spec, t, seed)
     raise KeyError(name)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 import numpy as np
 
 from infr.batch import Batch, StepResult
+from infr.cpu import kinds
 from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
@@ -46,7 +47,8 @@ class CPUBackend:
         self.w = WeightStore(gf)
         # The embedding table is gathered row by row unless the head needs it whole.
         embed_table = plan.embed[0].table
-        self.w.load_all(plan.weights(), skip=frozenset() if plan.spec.tied_embeddings else {embed_table})
+        skip = (frozenset() if plan.spec.tied_embeddings else {embed_table}) | plan.expert_banks  # experts: as chosen
+        self.w.load_all(plan.weights(), skip=frozenset(skip))
         self.block_size = int(block_size)
         self.blocks_per_seq = -(-n_ctx // self.block_size)
         # (a KVBudget is sized now: the weights are in)
@@ -171,6 +173,9 @@ class CPUBackend:
         """op as a function of (env, ids, rows), with what it needs from the plan and the weights
         looked up once, at load: its arrays, its numerics (MatMul.q8), which rope table it shares."""
         w = self.w
+        new_kind = kinds.compile_op(self, op)  # MoE, llama4's attention options (infr/cpu/kinds.py)
+        if new_kind is not None:
+            return new_kind
         if isinstance(op, MatMul):
             wt, bias = w[op.weight].T, (w[op.bias] if op.bias else None)
             src, dst = op.src, op.dst
@@ -247,10 +252,10 @@ class CPUBackend:
                 qb = np.zeros((BLOCK, q.shape[1]), np.float32)
                 qb[offs] = q[sel]
                 out[sel] = F.attention(qb, kc[keys], vc[keys], pos, len(keys), a.n_heads, a.scale, a.sliding_window,
-                                       a.softcap)[offs]
+                                       a.softcap, chunk=a.chunk)[offs]
             for r, keys in decoded:  # over its own keys only, as when it was decoded
                 out[r : r + 1] = F.attention(q[r : r + 1], kc[keys], vc[keys], ctx.pos[r : r + 1], len(keys),
-                                             a.n_heads, a.scale, a.sliding_window, a.softcap)
+                                             a.n_heads, a.scale, a.sliding_window, a.softcap, chunk=a.chunk)
         return out
 
 

@@ -100,8 +100,10 @@ def attention(
     scale: float,
     window: int | None,
     softcap: float | None,
+    chunk: int | None = None,
 ) -> np.ndarray:
-    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them)."""
+    """q [T, H*D]; caches [ctx, Hkv, D] (float16, as llama.cpp stores them). chunk: keys before the
+    query's chunk (k_pos < floor(q_pos / chunk) * chunk) are masked (llama4)."""
     mm = np.matmul
     t = q.shape[0]
     n_kv_heads, d = k_cache.shape[1], k_cache.shape[2]
@@ -119,6 +121,8 @@ def attention(
     masked = k_pos[None, :] > q_pos[:, None]
     if window:
         masked |= (q_pos[:, None] - k_pos[None, :]) >= window
+    if chunk:
+        masked |= k_pos[None, :] < (q_pos[:, None] // chunk) * chunk
     masked = np.repeat(masked, group, axis=0)  # rows ordered (t, group)
     scores = np.where(masked[None], -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)

@@ -228,7 +228,15 @@ def _reads_q8(t, q8: bool) -> bool:
 
 
 def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
-    """The plan's qkv groups that one buffer can hold: weight-name tuple -> bias names."""
+    """The plan's qkv groups that one buffer can hold: weight-name tuple -> bias names. A plan
+    with ops that have no GPU kernels yet (Plan.cpu_only: MoE, llama4's attention options) is
+    refused here, when the backend is made."""
+    if plan.cpu_only:
+        from infr.errors import UnsupportedError
+
+        what = ", ".join(plan.cpu_only)
+        raise UnsupportedError(f"{plan.spec.arch}: {what} {'has' if len(plan.cpu_only) == 1 else 'have'} "
+                               f"no GPU kernels yet (run it with --backend cpu)")
     out = {}
     for g in plan.groups:
         if g.kind == "qkv" and KM.can_stack([gf.tensor(m.weight) for m in g.ops], max_binding):

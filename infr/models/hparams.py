@@ -44,8 +44,8 @@ def read_hparams(gf: GGUFFile) -> HParams:
     v_head_dim = int(gf.arch_key("attention.value_length", head_dim))
     eps = float(gf.arch_key("attention.layer_norm_rms_epsilon", 1e-5))
     n_ff = gf.arch_key("feed_forward_length")
-    if n_ff is None:
-        n_ff = gf.tensor("blk.0.ffn_up.weight").shape[0]
+    if n_ff is None:  # MoE files may have no dense FFN at all (0)
+        n_ff = gf.tensor("blk.0.ffn_up.weight").shape[0] if gf.has_tensor("blk.0.ffn_up.weight") else 0
     scale = 1.0
     if gf.arch_key("rope.scaling.type") == "linear":
         scale = 1.0 / float(gf.arch_key("rope.scaling.factor", 1.0))
@@ -67,6 +67,17 @@ def read_hparams(gf: GGUFFile) -> HParams:
         name=str(gf.get("general.name", gf.path.stem)),
         tied_embeddings=not gf.has_tensor("output.weight"),
     )
+
+
+def expert_counts(gf: GGUFFile) -> tuple[int, int]:
+    """(expert_count, expert_used_count), both required and 0 < used <= count (llama.cpp's loader)."""
+    from infr.errors import GGUFError
+
+    n_expert = int(gf.require(f"{gf.arch}.expert_count"))
+    n_used = int(gf.require(f"{gf.arch}.expert_used_count"))
+    if not 0 < n_used <= n_expert:
+        raise GGUFError(f"{gf.path.name}: expert_used_count {n_used} is not in 1..expert_count ({n_expert})")
+    return n_expert, n_used
 
 
 def dense_model(gf: GGUFFile, hp: HParams, rope_style, **attention_flags) -> "ModelSpec":

@@ -1,0 +1,44 @@
+"""The CPU reference for the ops of the newer layer kinds: the MoE FFN (infr/cpu/moe.py), the
+shared expert's sigmoid gate, llama4's query temperature and its weightless q/k norm.
+CPUBackend._compile asks here first; None means an op it implements itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from infr.cpu import ops as F
+from infr.cpu.moe import ExpertBank, ExpertCache, moe_forward, sigmoid
+from infr.ops import MoE, QueryTemp, RMSNorm, SigmoidGate
+
+ONE = np.float32(1.0)
+
+
+def compile_op(be, op) -> Callable | None:
+    """op as a function of (env, ids, rows), or None for the ops CPUBackend runs itself."""
+    if isinstance(op, MoE):
+        cache = be.__dict__.setdefault("expert_cache", ExpertCache())
+        banks = [ExpertBank(be.gf.tensor(name), cache) for name in op.banks]
+        be.__dict__.setdefault("expert_banks", {}).update({b.name: b for b in banks})
+        q8 = op.q8 if op.q8 is not None else (False,) * len(banks)
+
+        def moe(env, ids, ctx):
+            env[op.dst] = moe_forward(env[op.src], env[op.logits], op.spec, banks, q8)
+        return moe
+    if isinstance(op, SigmoidGate):
+        wv = be.w[op.weight]
+
+        def gate(env, ids, ctx):
+            x = env[op.src]
+            logit = (x * wv).sum(axis=-1, dtype=np.float32)  # one row's sum: independent of the others
+            env[op.buf] = env[op.buf] * sigmoid(logit)[:, None]
+        return gate
+    if isinstance(op, QueryTemp):
+
+        def temp(env, ids, ctx):
+            env[op.buf] = env[op.buf] * op.temp.factor(ctx.pos)[:, None]
+        return temp
+    if isinstance(op, RMSNorm) and op.weight is None:
+        return lambda env, ids, ctx: env.__setitem__(op.dst, F.rms_norm(env[op.src], ONE, op.eps, op.group))
+    return None
