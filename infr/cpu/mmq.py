@@ -175,12 +175,20 @@ def dequantized(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     return (q.reshape(t, k // 32, 32) * d[..., None]).reshape(t, k)
 
 
+_COLS = 2048
+
+
 def matmul(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: Lanes) -> np.ndarray:
     """Rows (q, d, s of `quantize`) times the weight: [T, N] float32, each row as it is alone."""
     t = q.shape[0]
     ng, g, n = w.q.shape
     isum = np.empty((t, ng, n), F32)  # one row's groups contiguous: its slice is the same array at any T
-    np.matmul(q.reshape(t, ng, g).transpose(1, 0, 2), w.q, out=isum.transpose(1, 0, 2))  # exact integers
+    xg, out = q.reshape(t, ng, g).transpose(1, 0, 2), isum.transpose(1, 0, 2)
+    if n <= 2 * _COLS:
+        np.matmul(xg, w.q, out=out)  # exact integers
+    else:  # a head's 49152 columns: by 2048 (OpenBLAS packs a whole [G, N] block per product otherwise)
+        for c in range(0, n, _COLS):
+            np.matmul(xg, w.q[:, :, c : c + _COLS], out=out[:, :, c : c + _COLS])
     isum *= w.a  # a * isum, elementwise
     c = d if g == 32 else np.repeat(d, 32 // g, axis=1)  # the activation scale of each group
     y = np.matmul(c[:, None, :], isum)[:, 0]  # per row [1, groups] @ [groups, N]
