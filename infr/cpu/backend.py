@@ -55,7 +55,8 @@ class CPUBackend:
         # Float copies only of what some op reads as floats: the head's rows (all alone) of a matmul with
         # lanes never do, and the embedding table is gathered row by row from its blocks.
         head = {id(op) for op in plan.head}
-        floats = {op.weight for op in plan.ops if isinstance(op, MatMul) and (id(op) not in head or id(op) not in self._mmq)}
+        floats = {op.weight for op in plan.ops
+                  if isinstance(op, MatMul) and (id(op) not in head or id(op) not in self._mmq)}
         skip = ({op.weight for op in plan.head if isinstance(op, MatMul)} | {plan.embed[0].table}) - floats
         self.w.load_all(plan.weights(), skip=frozenset(skip))
         self.block_size = int(block_size)
@@ -301,7 +302,8 @@ def _matmul(x: np.ndarray, wt: np.ndarray, rows: "_Rows") -> np.ndarray:
     and prompt rows by block of BLOCK positions of their sequence: each block one gemm of BLOCK rows,
     a row at its position's offset (zeros elsewhere); a 512-row prompt costs about one gemm (SmolLM2
     and Gemma-3 shapes, two threads). Padding every decode row instead made gemm pack the whole
-    weight per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s."""
+    weight per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s. (Weights with integer
+    lanes take their generated rows through _matmul_q8 instead: all at once, each weight read once.)"""
     y = np.empty((x.shape[0], wt.shape[1]), np.float32)
     for i in rows.one:
         y[i] = x[i] @ wt
