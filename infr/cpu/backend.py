@@ -5,8 +5,11 @@ head_dim], float16 as llama.cpp's default cache is, so rounding matches the
 oracle); a sequence reaches its keys through its block table (infr/kvpool.py).
 Sliding-window layers have a store and block tables of their own, sized for
 their windows (infr/kvseq.py); their released blocks are never read.
-Matmuls run over every row of the batch at once, so a step of eight decode
-rows reads each weight once; attention runs per sequence over its own keys.
+Generated (decode) rows and the head's rows of a matmul whose input is rounded to
+8 bits go through integer sums (infr/cpu/mmq.py): every such row of a step at
+once, each weight read once, each row's result what it is alone. Prompt rows
+go by position block through float gemms; attention runs per sequence over its
+own keys.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from infr.batch import Batch, StepResult
 from infr.cpu import kinds
+from infr.cpu import mmq
 from infr.cpu import ops as F
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
@@ -45,9 +49,17 @@ class CPUBackend:
             check_supported(gf.tensor(name))  # missing tensor / unsupported type fail at load
         self.plan = plan = bind(plan, gf)  # shapes checked; each matmul's numerics (MatMul.q8) set
         self.w = WeightStore(gf)
-        # The embedding table is gathered row by row unless the head needs it whole.
-        embed_table = plan.embed[0].table
-        skip = (frozenset() if plan.spec.tied_embeddings else {embed_table}) | plan.expert_banks  # experts: as chosen
+        # Integer lanes of every matmul that takes 8-bit input, where its type has them (mmq.supports);
+        # consecutive ones that read one value (q, k, v; gate, up) share one set, side by side (_fused_runs).
+        self._mmq: dict[int, tuple[str, mmq.Lanes, slice]] = _fused_runs(gf, plan.embed + plan.layers + plan.head)
+        self.lanes = {key: lanes for key, lanes, _ in self._mmq.values()}
+        # Float copies only of what some op reads as floats: the head's rows (all alone) of a matmul with
+        # lanes never do, and the embedding table is gathered row by row from its blocks.
+        head = {id(op) for op in plan.head}
+        floats = {op.weight for op in plan.ops
+                  if isinstance(op, MatMul) and (id(op) not in head or id(op) not in self._mmq)}
+        skip = ({op.weight for op in plan.head if isinstance(op, MatMul)} | {plan.embed[0].table}) - floats
+        skip |= plan.expert_banks  # experts: read as chosen (infr/cpu/moe.py)
         self.w.load_all(plan.weights(), skip=frozenset(skip))
         self.block_size = int(block_size)
         self.blocks_per_seq = -(-n_ctx // self.block_size)
@@ -177,8 +189,21 @@ class CPUBackend:
         if new_kind is not None:
             return new_kind
         if isinstance(op, MatMul):
-            wt, bias = w[op.weight].T, (w[op.bias] if op.bias else None)
+            bias = w[op.bias] if op.bias else None
             src, dst = op.src, op.dst
+            if id(op) in self._mmq:
+                key, lanes, cols = self._mmq[id(op)]
+                # the head's weight has no float copy: its rows are all alone (_Rows.only)
+                wt = None if any(op is h for h in self.plan.head) else w[op.weight].T
+                parts = self._parts
+
+                def matmul(env, ids, ctx):
+                    y = _matmul_q8(env, key, parts(env, src), lanes, cols, wt, ctx)
+                    if bias is not None:
+                        y += bias
+                    env[dst] = y
+                return matmul
+            wt = w[op.weight].T
             rounded = self._rounded if op.q8 else None
 
             def matmul(env, ids, ctx):
@@ -226,6 +251,17 @@ class CPUBackend:
         raise NotImplementedError(type(op).__name__)
 
     @staticmethod
+    def _parts(env: dict[str, np.ndarray], src: str) -> "_Q8":
+        """Value src rounded to 8 bits, as integer parts (mmq.quantize): once per value for every
+        matmul that reads it, as _rounded."""
+        x = env[src]
+        key = "q8p:" + src
+        got = env.get(key)
+        if got is None or got[0] is not x:
+            env[key] = got = (x, _Q8(*mmq.quantize(x)))
+        return got[1]
+
+    @staticmethod
     def _rounded(env: dict[str, np.ndarray], src: str) -> np.ndarray:
         """Value src rounded to 8 bits (the input of a matmul marked q8): once per value for every
         matmul that reads it (q, k and v share one rounding, gate and up another; on SmolLM2's
@@ -271,17 +307,102 @@ def _matmul(x: np.ndarray, wt: np.ndarray, rows: "_Rows") -> np.ndarray:
     and prompt rows by block of BLOCK positions of their sequence: each block one gemm of BLOCK rows,
     a row at its position's offset (zeros elsewhere); a 512-row prompt costs about one gemm (SmolLM2
     and Gemma-3 shapes, two threads). Padding every decode row instead made gemm pack the whole
-    weight per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s."""
+    weight per row: SmolLM2 decode on one thread fell from 18.8 to 6.6 tokens/s. (Weights with integer
+    lanes take their generated rows through _matmul_q8 instead: all at once, each weight read once.)"""
     y = np.empty((x.shape[0], wt.shape[1]), np.float32)
     for i in rows.one:
         y[i] = x[i] @ wt
     if rows.pos is not None:
-        buf = F.block_buffer(BLOCK, x.shape[1])
-        for _, sel, offs in rows.blocks(rows.rest):
-            buf[offs] = x[sel]
-            y[sel] = (buf @ wt)[offs]
-            buf[offs] = 0
+        _blocks(x, wt, rows, y)
     return y
+
+
+def _blocks(x: np.ndarray, wt: np.ndarray, rows: "_Rows", y: np.ndarray) -> None:
+    """y[prompt rows] = x @ wt, by block of BLOCK positions (_matmul)."""
+    buf = F.block_buffer(BLOCK, x.shape[1])
+    for _, sel, offs in rows.blocks(rows.rest):
+        buf[offs] = x[sel]
+        y[sel] = (buf @ wt)[offs]
+        buf[offs] = 0
+
+
+class _Q8:
+    """A value rounded to 8 bits: its integer parts (mmq.quantize) and, when a prompt row needs it,
+    its float value (quantize_q8's, bit for bit)."""
+
+    def __init__(self, q: np.ndarray, d: np.ndarray, s: np.ndarray):
+        self.q, self.d, self.s = q, d, s
+        self._x: np.ndarray | None = None
+
+    @property
+    def x(self) -> np.ndarray:
+        if self._x is None:
+            self._x = mmq.dequantized(self.q, self.d)
+        return self._x
+
+    def rows(self, sel: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(sel) == len(self.q):  # every row (sel is sorted and unique): no copies
+            return self.q, self.d, self.s
+        return self.q[sel], self.d[sel], self.s[sel]
+
+
+def _matmul_q8(env: dict, key: str, x: _Q8, lanes: mmq.Lanes, cols: slice, wt: np.ndarray | None,
+               rows: "_Rows") -> np.ndarray:
+    """A matmul with 8-bit input and integer lanes: generated rows (and the head's) by integer sums
+    (mmq.matmul: all at once, each as it is alone), prompt rows by position block as _matmul. The
+    lanes may hold several matmuls of one input side by side (key names them): computed once a step,
+    each takes its columns."""
+    y = np.empty((x.q.shape[0], cols.stop - cols.start), np.float32)
+    if rows.one:
+        got = env.get(key)
+        if got is None or got[0] is not x:
+            env[key] = got = (x, mmq.matmul(*x.rows(rows.one), lanes))
+        y[rows.one] = got[1][:, cols]
+    if rows.pos is not None and len(rows.rest):
+        _blocks(x.x, wt, rows, y)
+    return y
+
+
+def _fused_runs(gf: GGUFFile, ops) -> dict[int, tuple[str, mmq.Lanes, slice]]:
+    """Per matmul op with lanes (by id): the lanes it reads, under a key, and its columns there. A
+    run of consecutive matmuls of one input whose weights split alike (one group size, all or none
+    with a min term) shares one set of lanes: one integer product a step for all of them. A row's
+    sums do not depend on the columns beside it, so that is the same alone or batched too."""
+    out: dict[int, tuple[str, mmq.Lanes, slice]] = {}
+    made: dict[str, mmq.Lanes] = {}
+    run: list = []
+
+    def close() -> None:
+        if not run:
+            return
+        key = "mmq:" + "|".join(op.weight for op, _ in run)
+        parts = [lanes for _, lanes in run]
+        if key not in made:
+            made[key] = parts[0] if len(parts) == 1 else mmq.Lanes(
+                np.concatenate([p.q for p in parts], axis=2), np.concatenate([p.a for p in parts], axis=1),
+                None if parts[0].m is None else np.concatenate([p.m for p in parts], axis=1), parts[0].group)
+        at = 0
+        for op, lanes in run:
+            n = lanes.q.shape[2]
+            out[id(op)] = (key, made[key], slice(at, at + n))
+            at += n
+        run.clear()
+
+    for op in ops:
+        if not (isinstance(op, MatMul) and op.q8):
+            close()
+            continue
+        t = gf.tensor(op.weight)
+        if not mmq.supports(t.qtype):
+            close()
+            continue
+        lanes = mmq.lanes(t.raw, t.qtype, t.shape)
+        if run and (run[0][0].src != op.src or run[0][1].group != lanes.group
+                    or (run[0][1].m is None) != (lanes.m is None)):
+            close()
+        run.append((op, lanes))
+    close()
+    return out
 
 
 class _Rows:

@@ -117,14 +117,16 @@ def attention(
     scores = mm(qh, k) * np.float32(scale)  # [Hkv, T*group, n_kv]
     if softcap:
         scores = np.tanh(scores / softcap) * softcap
-    k_pos = np.arange(n_kv)
-    masked = k_pos[None, :] > q_pos[:, None]
-    if window:
-        masked |= (q_pos[:, None] - k_pos[None, :]) >= window
-    if chunk:
-        masked |= k_pos[None, :] < (q_pos[:, None] // chunk) * chunk
-    masked = np.repeat(masked, group, axis=0)  # rows ordered (t, group)
-    scores = np.where(masked[None], -np.inf, scores)
+    # A decode row over its own keys, with no window or chunk, has nothing masked.
+    if window or chunk or t > 1 or int(q_pos[0]) + 1 < n_kv:
+        k_pos = np.arange(n_kv)
+        masked = k_pos[None, :] > q_pos[:, None]
+        if window:
+            masked |= (q_pos[:, None] - k_pos[None, :]) >= window
+        if chunk:
+            masked |= k_pos[None, :] < (q_pos[:, None] // chunk) * chunk
+        masked = np.repeat(masked, group, axis=0)  # rows ordered (t, group)
+        scores = np.where(masked[None], -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
