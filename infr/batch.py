@@ -36,7 +36,8 @@ class Batch:
     tables: dict[int, list[int]]  # slot -> its physical KV blocks, in order (covering every position in the batch)
     outputs: list[OutputRow] = field(default_factory=list)
     # bool [T]: the row's token was generated (not the prompt's). The CPU reference takes those rows
-    # one at a time, so a generated token's sums are the same alone, batched or recomputed. None: none.
+    # by integer sums (infr/cpu/mmq.py), so a generated token's sums are the same alone, batched or
+    # recomputed. None: none.
     generated: np.ndarray | None = None
     # slot -> the sliding-window layers' physical blocks (kvseq.RELEASED where a block older than the
     # window went back: never read). None: those layers read through `tables` too (a backend whose

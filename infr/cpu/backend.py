@@ -51,7 +51,8 @@ class CPUBackend:
         self.w = WeightStore(gf)
         # Integer lanes of every matmul that takes 8-bit input, where its type has them (mmq.supports);
         # consecutive ones that read one value (q, k, v; gate, up) share one set, side by side (_fused_runs).
-        self._mmq: dict[int, tuple[str, mmq.Lanes, slice]] = _fused_runs(gf, plan.embed + plan.layers + plan.head)
+        # Made on first use (mmq.Lazy): a 0.5B model's lanes took ~1.8 s of a cold start otherwise.
+        self._mmq: dict[int, tuple[str, mmq.Lazy, slice]] = _fused_runs(gf, plan.embed + plan.layers + plan.head)
         self.lanes = {key: lanes for key, lanes, _ in self._mmq.values()}
         # Float copies only of what some op reads as floats: the head's rows (all alone) of a matmul with
         # lanes never do, and the embedding table is gathered row by row from its blocks.
@@ -346,7 +347,7 @@ class _Q8:
         return self.q[sel], self.d[sel], self.s[sel]
 
 
-def _matmul_q8(env: dict, key: str, x: _Q8, lanes: mmq.Lanes, cols: slice, wt: np.ndarray | None,
+def _matmul_q8(env: dict, key: str, x: _Q8, lanes: mmq.Lazy, cols: slice, wt: np.ndarray | None,
                rows: "_Rows") -> np.ndarray:
     """A matmul with 8-bit input and integer lanes: generated rows (and the head's) by integer sums
     (mmq.matmul: all at once, each as it is alone), prompt rows by position block as _matmul. The
@@ -356,34 +357,41 @@ def _matmul_q8(env: dict, key: str, x: _Q8, lanes: mmq.Lanes, cols: slice, wt: n
     if rows.one:
         got = env.get(key)
         if got is None or got[0] is not x:
-            env[key] = got = (x, mmq.matmul(*x.rows(rows.one), lanes))
+            env[key] = got = (x, mmq.matmul(*x.rows(rows.one), lanes.get()))
         y[rows.one] = got[1][:, cols]
     if rows.pos is not None and len(rows.rest):
         _blocks(x.x, wt, rows, y)
     return y
 
 
-def _fused_runs(gf: GGUFFile, ops) -> dict[int, tuple[str, mmq.Lanes, slice]]:
-    """Per matmul op with lanes (by id): the lanes it reads, under a key, and its columns there. A
-    run of consecutive matmuls of one input whose weights split alike (one group size, all or none
-    with a min term) shares one set of lanes: one integer product a step for all of them. A row's
-    sums do not depend on the columns beside it, so that is the same alone or batched too."""
-    out: dict[int, tuple[str, mmq.Lanes, slice]] = {}
-    made: dict[str, mmq.Lanes] = {}
-    run: list = []
+def _fused_runs(gf: GGUFFile, ops) -> dict[int, tuple[str, mmq.Lazy, slice]]:
+    """Per matmul op with lanes (by id): the lanes it reads (made on first use), under a key, and its
+    columns there. A run of consecutive matmuls of one input whose weights split alike (one group
+    size, all or none with a min term) shares one set of lanes: one integer product a step for all of
+    them. A row's sums do not depend on the columns beside it, so that is the same alone or batched too."""
+    out: dict[int, tuple[str, mmq.Lazy, slice]] = {}
+    made: dict[str, mmq.Lazy] = {}
+    run: list = []  # (op, tensor, layout)
+
+    def make(tensors):
+        def lanes() -> mmq.Lanes:
+            parts = [mmq.lanes(t.raw, t.qtype, t.shape) for t in tensors]
+            if len(parts) == 1:
+                return parts[0]
+            return mmq.Lanes(np.concatenate([p.q for p in parts], axis=2), np.concatenate([p.a for p in parts], axis=1),
+                             None if parts[0].m is None else np.concatenate([p.m for p in parts], axis=1),
+                             parts[0].group)
+        return lanes
 
     def close() -> None:
         if not run:
             return
-        key = "mmq:" + "|".join(op.weight for op, _ in run)
-        parts = [lanes for _, lanes in run]
+        key = "mmq:" + "|".join(op.weight for op, _, _ in run)
         if key not in made:
-            made[key] = parts[0] if len(parts) == 1 else mmq.Lanes(
-                np.concatenate([p.q for p in parts], axis=2), np.concatenate([p.a for p in parts], axis=1),
-                None if parts[0].m is None else np.concatenate([p.m for p in parts], axis=1), parts[0].group)
+            made[key] = mmq.Lazy(make([t for _, t, _ in run]))
         at = 0
-        for op, lanes in run:
-            n = lanes.q.shape[2]
+        for op, t, _ in run:
+            n = int(t.shape[0])
             out[id(op)] = (key, made[key], slice(at, at + n))
             at += n
         run.clear()
@@ -396,11 +404,10 @@ def _fused_runs(gf: GGUFFile, ops) -> dict[int, tuple[str, mmq.Lanes, slice]]:
         if not mmq.supports(t.qtype):
             close()
             continue
-        lanes = mmq.lanes(t.raw, t.qtype, t.shape)
-        if run and (run[0][0].src != op.src or run[0][1].group != lanes.group
-                    or (run[0][1].m is None) != (lanes.m is None)):
+        lay = mmq.layout(t.qtype)
+        if run and (run[0][0].src != op.src or run[0][2] != lay):
             close()
-        run.append((op, lanes))
+        run.append((op, t, lay))
     close()
     return out
 

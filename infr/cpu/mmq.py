@@ -25,6 +25,7 @@ with a and m as float32 [groups, N].
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +131,32 @@ _KERNELS = {
 def supports(qtype) -> bool:
     """Whether `lanes` can split this type (the other q8 types keep the float path)."""
     return Q(int(qtype)) in _KERNELS
+
+
+_MIN_TERM = {Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K}
+
+
+def layout(qtype) -> tuple[int, bool]:
+    """(values per group, whether it has a min term) of a supported type's lanes, without making them."""
+    qtype = Q(int(qtype))
+    return _KERNELS[qtype][1], qtype in _MIN_TERM
+
+
+class Lazy:
+    """Lanes made on first use (thread-safe), so a load pays nothing for matrices no generated
+    row reaches: a one-token answer, or a prompt's rows, which take the float path."""
+
+    def __init__(self, make):
+        self._make, self._lanes = make, None
+        self._lock = threading.Lock()
+
+    def get(self) -> Lanes:
+        if self._lanes is None:
+            with self._lock:
+                if self._lanes is None:
+                    self._lanes = self._make()
+                    self._make = None
+        return self._lanes
 
 
 def lanes(raw: np.ndarray, qtype, shape: tuple[int, ...]) -> Lanes:
