@@ -96,13 +96,7 @@ struct Staged {
 fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     let k0 = st * 32u * SUB;
     var g: Staged;
-    for (var n = 0u; n < NU; n++) {
-        let k = tid + n * WG;
-        if (k < BN * UNITS) {
-            let at = staged_row(k / UNITS, first);
-            g.u[n] = fetch_unit(at.x, at.y, k0, k % UNITS);
-        }
-    }
+    g.u = fetch_units(k0, tid, first);
     for (var n = 0u; n < NX; n++) {
         let k = tid + n * WG;
         if (k < BT * XV) {

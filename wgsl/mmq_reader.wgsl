@@ -64,3 +64,17 @@ fn staged_row(rho: u32, first: u32) -> vec2<u32> {
     }
     return vec2<u32>(slot, min(r, params.N - 1u) * params.row_bytes);
 }
+
+// The invocation's weight units of one stage at value k0 (entry n: unit tid + n WG of the tile's
+// BN * UNITS; the kernel sets NU and WG, the reader UNITS and Raw).
+fn fetch_units(k0: u32, tid: u32, first: u32) -> array<Raw, NU> {
+    var u: array<Raw, NU>;
+    for (var n = 0u; n < NU; n++) {
+        let k = tid + n * WG;
+        if (k < BN * UNITS) {
+            let at = staged_row(k / UNITS, first);
+            u[n] = fetch_unit(at.x, at.y, k0, k % UNITS);
+        }
+    }
+    return u;
+}
