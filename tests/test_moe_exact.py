@@ -60,6 +60,18 @@ def llamacpp_q8(x: np.ndarray) -> np.ndarray:
     return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape).astype(np.float32)
 
 
+def llamacpp_q8_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llamacpp_q8 as the CPU's integer path takes it (infr/cpu/mmq.py quantize): (q, d, d * sum q)."""
+    t, k = x.shape
+    b = np.asarray(x, np.float32).reshape(t, k // 32, 32)
+    d = np.max(np.abs(b), axis=-1) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    y = b * inv[..., None]
+    q = np.trunc(y + np.copysign(np.float32(0.5), y)).astype(np.float32)
+    d16 = d.astype(np.float16).astype(np.float32)
+    return q.reshape(t, k), d16, d16 * q.sum(axis=-1, dtype=np.float32)
+
+
 @pytest.fixture
 def rounding(monkeypatch):
     """For key's weight type: the bound, with llama.cpp's activation rounding in place for Q8_0."""
@@ -67,11 +79,13 @@ def rounding(monkeypatch):
     def use(key: str) -> float:
         if DATA["models"][key]["weight_type"] == "F32":
             return MAX_DP
+        import infr.cpu.mmq
         import infr.cpu.moe
         import infr.cpu.ops
 
         monkeypatch.setattr(infr.cpu.ops, "quantize_q8", llamacpp_q8)
         monkeypatch.setattr(infr.cpu.moe, "quantize_q8", llamacpp_q8)
+        monkeypatch.setattr(infr.cpu.mmq, "quantize", llamacpp_q8_parts)  # generated rows' integer path
         return MAX_DP_Q8
 
     return use
