@@ -79,8 +79,6 @@ class Plan:
     def cpu_only(self) -> tuple[str, ...]:
         """What in this plan has no GPU kernels yet (empty: the GPU backend can run it)."""
         out: list[str] = []
-        if any(isinstance(op, (MoE, SigmoidGate)) for op in self.ops):
-            out.append("MoE FFN")
         if any(isinstance(op, RMSNorm) and op.weight is None for op in self.ops):
             out.append("weightless q/k norm")
         if any(isinstance(op, QueryTemp) for op in self.ops):

@@ -1,6 +1,6 @@
 """The MoE FFN's CPU reference on its own: the router's rules, the experts' sum against a plain
 numpy formula, only the chosen experts read, rows independent of their batch; the Q4_K_M mix of
-MoE synthetic models; the GPU backend's refusal; `infr run` on a tiny MoE model."""
+MoE synthetic models; which plans the GPU backend takes; `infr run` on a tiny MoE model."""
 
 from __future__ import annotations
 
@@ -121,16 +121,18 @@ def test_rows_do_not_depend_on_what_shares_their_step(tiny_q8):
     np.testing.assert_array_equal(long[:20], short)  # other rows routed to the same experts change nothing
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-llama4"])
-def test_gpu_lowering_refuses_moe_plans(tmp_path, preset):
+def test_gpu_lowering_takes_moe_plans_and_refuses_llama4s_attention_options(tmp_path):
     from infr.gpu.lowering import find_stacks
 
-    gf = open_gguf(synth.write_gguf(synth.PRESETS[preset], tmp_path / "m.gguf"))
+    gf = open_gguf(synth.write_gguf(synth.PRESETS["tiny-qwen3moe"], tmp_path / "q.gguf"))
     plan = build_plan(build_spec(gf))
-    with pytest.raises(UnsupportedError, match="MoE FFN.* no GPU kernels yet"):
+    assert plan.cpu_only == ()  # the MoE FFN has GPU kernels (tests/gpu/test_moe_gpu.py)
+    find_stacks(plan, gf, 1 << 27)
+    gf = open_gguf(synth.write_gguf(synth.PRESETS["tiny-llama4"], tmp_path / "l.gguf"))
+    plan = build_plan(build_spec(gf))
+    assert "MoE FFN" not in plan.cpu_only
+    with pytest.raises(UnsupportedError, match="weightless q/k norm.* no GPU kernels yet"):
         find_stacks(plan, gf, 1 << 27)
-    dense = build_plan(build_spec(open_gguf(synth.write_gguf(synth.PRESETS["tiny-qwen3"], tmp_path / "d.gguf"))))
-    assert dense.cpu_only == ()
 
 
 def _six_bit(i: int, n: int) -> bool:  # llama.cpp's use_more_bits

@@ -32,6 +32,8 @@
 // loads meet every token's activations, so a batch of T tokens reads the
 // weights ceil(T / NT) times from memory instead of T times; the repeated
 // reads of a block for the next token come from the cache.
+// EXPERT (expert_on.wgsl): the rows are an expert bank's, each token index a (token, slot)
+// pair routed to its own expert (kernels_moe; NT = 1).
 // dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -42,6 +44,7 @@
 
 {{W2}}
 {{SPLIT_DECL}}
+{{EXPERT}}
 
 const R: u32 = {{R}}u;        // weight rows per team
 const U: u32 = {{U}}u;        // block steps unrolled
@@ -215,7 +218,7 @@ fn row_base(seg: u32, r: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     {{PROLOGUE}}
     let t0 = wid.y * NT;  // the workgroup's first token
-    if (t0 >= params.T) {
+    if (t0 >= params.T || expert_skip(t0)) {  // expert_on: NT == 1, t0 a (token, slot) pair
         return;
     }
     let team = tid / TEAM;
@@ -231,7 +234,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // Rows past N (the last team of a chunk) read row N - 1 and are not stored.
         let r = min(select(first + i, first, PAIR), params.N - 1u);
         seg[i] = row_seg(i, r);
-        base[i] = row_base(seg[i], r);
+        base[i] = row_base(seg[i], r) + expert_byte(select(0u, i, PAIR), t0);
     }
     var acc: array<f32, RN>;
     for (var b0 = lane / 8u; b0 < nch; b0 += 4u * U) {
@@ -245,7 +248,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 // One token: the activations first, then each row's weights meet them as they
                 // are read. Holding R rows' weights before the dot products (the batched order
                 // below) costs the fused gate||up a third of its bandwidth on the H200.
-                let xrow = t0 * params.x_stride;
+                let xrow = x_token(t0) * params.x_stride;
                 var x: XL;
                 if (SAME_X) {
                     x = seg_x(0u, xrow, xrow + xk, bc, p);

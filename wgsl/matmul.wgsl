@@ -13,6 +13,7 @@
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 
 // #include matmul_common
+{{EXPERT}}
 
 // #include quant_common
 // #include quant_{{QTYPE}}
@@ -26,15 +27,15 @@ var<workgroup> partial: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     // Uniform guard (workgroup id and params only): the barriers below stay legal.
-    if (wid.y >= params.T) {
+    if (wid.y >= params.T || expert_skip(wid.y)) {
         return;
     }
     let lane = tid % TEAM;
     let r = wid.x * ROWS + tid / TEAM;
     var acc = 0.0;
     if (r < params.N) {
-        let rb = r * params.row_bytes;
-        let xo = wid.y * params.x_stride;
+        let rb = r * params.row_bytes + expert_byte(0u, wid.y);
+        let xo = x_token(wid.y) * params.x_stride;
         let nb = params.K / QK;
         for (var b = lane; b < nb; b += TEAM) {
             acc += block_dot(rb + b * BLOCK_BYTES, xo + b * QK);

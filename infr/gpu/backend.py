@@ -35,6 +35,7 @@ from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
@@ -90,7 +91,9 @@ class GPUBackend(Graphs):
             if name in stacked:
                 continue
             t = gf.tensor(name)
-            if len(t.shape) == 2:
+            if name in plan.expert_banks:  # by expert ranges; the router picks experts on the GPU
+                self.weights[name] = KMoE.upload_bank(self.dev, t)
+            elif len(t.shape) == 2:
                 self.weights[name] = KM.upload_weight(self.dev, t)
             else:
                 self.weights[name] = [storage(self.dev, np.asarray(t.raw, np.float32), label=name)]

@@ -139,17 +139,19 @@ class GemvTuning:
         return min(1 << max(int(T) - 1, 0).bit_length(), self.NT)
 
 
-def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1):
+def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
+                  expert: bool = False):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
     split's segment types) for a plain product, the fused gate||up with
     activation `pair_act`, or the stacked q|k|v with `split`, for batches of
-    T tokens; its output rows per workgroup and its tokens per workgroup."""
+    T tokens; its output rows per workgroup and its tokens per workgroup.
+    `expert`: rows of an expert bank picked per token by the router (kernels_moe; one token a workgroup)."""
     t = GemvTuning.for_device(kernels.dev)
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
     R, U = (2, t.U) if pair else (t.R, t.U)  # a pair's two rows are its gate and up
-    nt = t.tokens(T)
+    nt = 1 if expert else t.tokens(T)
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
@@ -160,6 +162,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
         W2_WORD="if (slot == 1u) { return w2[a >> 4u][(a >> 2u) & 3u]; }" if pair else "",
         SPLIT_DECL="// #include gemv_split" if split else "", STORE="store_split" if split else "store_row",
+        EXPERT=expert_include(expert),
         READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
         PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
         SAME_X=str(len(set(fams)) == 1).lower(), ONE_TYPE=str(len(set(qs)) == 1).lower(),
@@ -167,6 +170,11 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     )
     pipe = kernels.pipeline("gemv", "main", unchecked=bool(t.UNCHECKED), **consts)
     return pipe, GEMV_TEAMS * (1 if pair else R), nt
+
+
+def expert_include(expert: bool) -> str:
+    """The EXPERT constant of gemv.wgsl and matmul.wgsl: rows of an expert bank, or dense rows."""
+    return "// #include expert_on" if expert else "// #include expert_off"
 
 
 def rows_per_workgroup(qtype) -> int:
@@ -316,7 +324,7 @@ def matmul_dispatches(
         return KG.gemm_dispatches(kernels, q, chunks, x, y, bias, K, N, T, x_stride=x_stride, y_stride=y_stride,
                                   resid=resid)
     else:
-        pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg)
+        pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg, EXPERT=expert_include(False))
         label, nt = f"matmul_{wgsl_name(q)}", 1
     b = bias if bias is not None else _no_bias(kernels)
     for buf, row0, rows in chunks:

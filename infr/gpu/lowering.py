@@ -18,9 +18,10 @@ from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.ops import Add, Attention, Embed, GatedAct, MatMul, RMSNorm, Rope, Softcap, StoreKV
+from infr.ops import Add, Attention, Embed, GatedAct, MatMul, MoE, RMSNorm, Rope, SigmoidGate, Softcap, StoreKV
 from infr.plan import Plan
 
 if TYPE_CHECKING:
@@ -216,6 +217,10 @@ class Lowering:
             t = be.gf.tensor(op.table)
             y = self.target(op.dst)
             return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
+        if isinstance(op, MoE):
+            return KMoE.moe_dispatches(self, op)
+        if isinstance(op, SigmoidGate):
+            return KMoE.sigmoid_gate(self, op)
         if isinstance(op, Softcap):
             return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
         raise NotImplementedError(type(op).__name__)
@@ -229,7 +234,7 @@ def _reads_q8(t, q8: bool) -> bool:
 
 def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
     """The plan's qkv groups that one buffer can hold: weight-name tuple -> bias names. A plan
-    with ops that have no GPU kernels yet (Plan.cpu_only: MoE, llama4's attention options) is
+    with ops that have no GPU kernels yet (Plan.cpu_only: llama4's attention options) is
     refused here, when the backend is made."""
     if plan.cpu_only:
         from infr.errors import UnsupportedError

@@ -101,9 +101,12 @@ class Kernels:
         return pipe
 
     def bind(self, pipeline, resources_: Sequence[object]):
-        """Bind group 0: binding i gets resources_[i] (a buffer or a (buffer, offset, size) triple)."""
+        """Bind group 0: binding i gets resources_[i] (a buffer or a (buffer, offset, size) triple;
+        None: a binding the pipeline does not declare)."""
         entries = []
         for i, res in enumerate(resources_):
+            if res is None:
+                continue
             if isinstance(res, tuple):
                 buf, offset, size = res
                 entries.append({"binding": i, "resource": {"buffer": buf, "offset": offset, "size": size}})

@@ -17,6 +17,7 @@ from infr.engine import Model
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
+from infr.gpu import kernels_moe as KMoE
 from infr.gpu import runtime as R
 from infr.sampling import SamplingParams
 from infr.scheduler import Request
@@ -115,5 +116,24 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu")
             KMA.pipeline(rec, KM.wgsl_name(q), tile, split=True)
     assert len(asked) == 3 * len(KMQ.READERS) * len(KMA.TILES)
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
+    """The MoE kernels: the router, the rows around the experts, the shared expert's gate, and the
+    expert-indexed GEMV (plain and gate||up) and f32 matmul of every type."""
+    asked: set = set()
+    rec = _Recorder(gpu, asked)
+    for name, entry in (("moe_route", "main"), ("moe_combine", "combine"), ("moe_combine", "scale_rows"),
+                        ("moe_gate", "main")):
+        rec.pipeline(name, entry)
+    for q in KM.GPU_TYPES:
+        if q in KM.GEMV_FAMILY:
+            KM.gemv_pipeline(rec, q, expert=True)
+            KM.gemv_pipeline(rec, (q, q), pair_act="silu", expert=True)
+        else:
+            KMoE.f32_pipeline(rec, q)
+    assert len(asked) == 4 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
     errors = _tint_errors(tint, asked)
     assert not errors, errors

@@ -1,0 +1,242 @@
+"""The mixture-of-experts FFN on the GPU (the MoE op; CPU reference infr/cpu/moe.py).
+
+Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
+1. the router's logits (an ordinary MatMul before the op) -> wgsl/moe_route.wgsl: each row's
+   chosen experts and weights into `ids` / `wts` buffers; nothing comes back to the host;
+2. llama4 (weight before the expert): each pair's input h[t] * wts[a] (moe_combine scale_rows);
+3. gate and up of every pair: the dense GEMV kernels (gemv.wgsl int8, matmul.wgsl f32) with
+   expert_on.wgsl, whose rows start at the pair's expert (read from `ids` on the GPU), so only
+   the chosen experts' blocks are read; the fused gate||up pair where both banks allow it;
+4. down of every pair, the same way, into [A, n_embd];
+5. the weighted sum in selection order (moe_combine combine) into the op's output.
+
+Prompt batches run the same kernels, a workgroup per pair (each reads its own expert's rows),
+so a row's result does not depend on its batch (batched equals alone). Banks are uploaded by
+expert ranges that each fit one storage binding (upload_bank); a kernel runs once per range,
+its pairs routed elsewhere leaving at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infr.errors import UnsupportedError
+from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_q8 as KQ
+from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.models.spec import Gating, MoESpec
+from infr.ops import MoE, SigmoidGate
+
+ROUTE_WG = 64  # moe_route.wgsl's @workgroup_size
+COMBINE_WG = 256  # moe_combine.wgsl's
+
+
+def expert_bytes(t) -> int:
+    """Bytes of one expert's [out, in] slice of bank t ([n_expert, out, in])."""
+    return int(t.shape[1]) * KM.row_bytes(t.qtype, int(t.shape[-1]))
+
+
+def upload_bank(dev, t, max_binding: int | None = None, label: str | None = None) -> list[tuple]:
+    """An expert bank's raw GGUF bytes as expert ranges: [(buffer, e0, count)], each range
+    whole experts within one storage binding (with the weights' tail)."""
+    KM.as_qtype(t.qtype)
+    n_exp = int(t.shape[0])
+    eb = expert_bytes(t)
+    raw = np.ascontiguousarray(t.raw).view(np.uint8).reshape(-1)
+    if raw.size != n_exp * eb:
+        raise UnsupportedError(f"{t.name}: {raw.size} bytes, expected {n_exp} experts of {eb}")
+    limit = dev.max_binding if max_binding is None else int(max_binding)
+    per = (limit - KM.WEIGHT_TAIL) // 16 * 16 // eb
+    if per < 1:
+        raise UnsupportedError(f"{t.name}: one expert ({eb} bytes) exceeds the storage binding limit {limit}")
+    name = label or t.name
+    return [(storage(dev, raw[e0 * eb : (e0 + n) * eb], label=f"{name}[e{e0}:{e0 + n}]", tail=KM.WEIGHT_TAIL), e0, n)
+            for e0 in range(0, n_exp, per) for n in (min(per, n_exp - e0),)]
+
+
+def _experts(kernels: Kernels, e0: int, count: int, stride: int, stride2: int, base: int, base2: int, x_div: int):
+    data = KS._pack([("e0", "u32", e0), ("count", "u32", count), ("stride", "u32", stride),
+                     ("stride2", "u32", stride2), ("base", "u32", base), ("base2", "u32", base2),
+                     ("x_div", "u32", x_div), ("pad", "u32", 0)])
+    return storage(kernels.dev, np.frombuffer(data, np.uint8), label="experts.params", uniform=True)
+
+
+def route_dispatch(kernels: Kernels, logits, ids, wts, m: MoESpec, T: int) -> Dispatch:
+    """ids / wts [T * n_used] from the router's logits [T, n_expert] (wgsl/moe_route.wgsl)."""
+    if m.gating not in (Gating.SOFTMAX, Gating.SIGMOID):
+        raise UnsupportedError(f"MoE gating {m.gating} has no GPU kernel")
+    scaled = m.weight_scale not in (None, 0.0, 1.0)
+    flags = ((m.gating is Gating.SIGMOID) | m.select_on_logits << 1 | m.norm_weights << 2 | scaled << 3)
+    data = KS._pack([("E", "u32", m.n_expert), ("K", "u32", m.n_used), ("T", "u32", T), ("flags", "u32", flags),
+                     ("scale", "f32", m.weight_scale if scaled else 1.0)])
+    pipe = kernels.pipeline("moe_route", "main")
+    p = KS._params(kernels, data, None, "moe_route")
+    return Dispatch(pipe, kernels.bind(pipe, [p, logits, ids, wts]), (-(-T // ROUTE_WG), 1, 1),
+                    f"moe_route {m.n_expert}x{m.n_used}")
+
+
+def _rows_dispatch(kernels: Kernels, entry: str, src, wts, dst, D: int, K: int, rows: int, weighted: bool) -> Dispatch:
+    pipe = kernels.pipeline("moe_combine", entry)
+    p = KS._params(kernels, KS._pack([("D", "u32", D), ("K", "u32", K), ("T", "u32", rows),
+                                      ("weighted", "u32", int(weighted))]), None, f"moe_{entry}")
+    return Dispatch(pipe, kernels.bind(pipe, [p, src, wts, dst]), (-(-D // COMBINE_WG), rows, 1), f"moe_{entry} {D}")
+
+
+def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weighted: bool) -> Dispatch:
+    """y[t] = sum_s ys[t * K + s] (* wts[t * K + s]), s in selection order."""
+    return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted)
+
+
+def scale_rows_dispatch(kernels: Kernels, x, wts, xs, D: int, K: int, T: int) -> Dispatch:
+    """xs[a] = x[a // K] * wts[a] for the T * K pairs (the weight before the expert)."""
+    return _rows_dispatch(kernels, "scale_rows", x, wts, xs, D, K, T * K, True)
+
+
+def sigmoid_gate_dispatch(kernels: Kernels, buf, src, weight, y, D: int, T: int) -> Dispatch:
+    """y[t] = buf[t] * sigmoid(src[t] . weight) (wgsl/moe_gate.wgsl)."""
+    pipe = kernels.pipeline("moe_gate", "main")
+    p = KS._params(kernels, KS._pack([("D", "u32", D), ("T", "u32", T)]), None, "moe_gate")
+    return Dispatch(pipe, kernels.bind(pipe, [p, buf, src, weight, y]), (T, 1, 1), f"moe_gate {D}")
+
+
+def f32_pipeline(kernels: Kernels, qtype):
+    """matmul.wgsl over an expert bank (types without an int8 GEMV); its rows per workgroup."""
+    rows_wg = KM.rows_per_workgroup(qtype)
+    return kernels.pipeline("matmul", "main", QTYPE=KM.wgsl_name(qtype), WG=KM.MATMUL_WG, ROWS=rows_wg,
+                            EXPERT=KM.expert_include(True)), rows_wg
+
+
+def expert_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, x, y, A: int, ids, x_div: int = 1,
+                  stride: int | None = None, base: int = 0) -> list[Dispatch]:
+    """y[a] = W_{ids[a]} @ x[a // x_div] for the A pairs, W_e the N x K rows of expert e of a bank
+    (upload_bank's `chunks`; an expert's rows at base + e * stride bytes, stride default N rows).
+    Types with an int8 GEMV take x already rounded (kernels_q8: a buffer of words(K) words per
+    row); the others x in f32 (matmul.wgsl)."""
+    q = KM.as_qtype(qtype)
+    rb = KM.row_bytes(q, K)
+    stride = N * rb if stride is None else stride
+    none = KM._no_bias(kernels)
+    if KM.has_gemv(q, K):
+        pipe, rows_wg, _ = KM.gemv_pipeline(kernels, q, expert=True)
+        x_stride, label = KQ.words(K) // 4, f"gemv_{KM.wgsl_name(q)}_expert"
+    elif q in KM.GEMV_FAMILY:
+        raise UnsupportedError(f"{q.name} expert banks need rows of whole 64-value groups, not {K}")
+    else:
+        pipe, rows_wg = f32_pipeline(kernels, q)
+        x_stride, label = K, f"matmul_{KM.wgsl_name(q)}_expert"
+    p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, x_stride, N, False, A), label="expert.params", uniform=True)
+    out = []
+    for buf, e0, n in chunks:
+        ep = _experts(kernels, e0, n, stride, stride, base, base, x_div)
+        res = [p, buf, x, y, none, none, None, None, ep, ids]  # 6, 7: the pair's and split's, unused
+        out.append(Dispatch(pipe, kernels.bind(pipe, res), (-(-N // rows_wg), A, 1), f"{label} {N}x{K}", N * rb))
+    return out
+
+
+def expert_pair(kernels: Kernels, qg, qu, K: int, N: int, chunks_g, chunks_u, xq, y, act, A: int, ids,
+                x_div: int = 1, fused: bool = False) -> list[Dispatch]:
+    """y[a] = act(G_e @ x) * (U_e @ x), e = ids[a], x = xq[a // x_div] rounded: the GEMV's gate||up
+    pair over two banks of one expert chunking, or over one fused gate_up bank (`fused`: each
+    expert's N gate rows, then its N up rows)."""
+    qg, qu = KM.as_qtype(qg), KM.as_qtype(qu)
+    rb, rb2 = KM.row_bytes(qg, K), KM.row_bytes(qu, K)
+    pipe, rows_wg, _ = KM.gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), expert=True)
+    p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, False, A, row_bytes2=rb2),
+                label="expert_pair.params", uniform=True)
+    stride, stride2, base2 = (2 * N * rb, 2 * N * rb, N * rb) if fused else (N * rb, N * rb2, 0)
+    none = KM._no_bias(kernels)
+    out = []
+    for (bg, e0, n), (bu, _, _) in zip(chunks_g, chunks_u):
+        ep = _experts(kernels, e0, n, stride, stride2, 0, base2, x_div)
+        bind = kernels.bind(pipe, [p, bg, xq, y, none, none, bu, None, ep, ids])
+        out.append(Dispatch(pipe, bind, (-(-N // rows_wg), A, 1), f"gemv_{KM.wgsl_name(qg)}_expert_gate_up {N}x{K}",
+                            N * (rb + rb2)))
+    return out
+
+
+def _same_ranges(a, b) -> bool:
+    return [(e0, n) for _, e0, n in a] == [(e0, n) for _, e0, n in b]
+
+
+class Scratch:
+    """The MoE kernels' intermediate buffers, one of each kind per backend, grown when a larger
+    batch needs more (graphs built for smaller ones keep the buffers they bound)."""
+
+    def __init__(self, dev):
+        self.dev, self.bufs = dev, {}
+
+    def __call__(self, kind: str, nbytes: int):
+        buf = self.bufs.get(kind)
+        if buf is None or buf.size < nbytes:
+            buf = self.bufs[kind] = storage(self.dev, max(nbytes, 256), label=f"moe_{kind}")
+        return buf
+
+
+def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
+    """The MoE op for the lowering's batch of T rows (module docstring)."""
+    be, k = lower.be, lower.k
+    m, T = op.spec, lower.rows
+    scratch = be.__dict__.setdefault("_moe_scratch", Scratch(be.dev))
+    n_in, H, K = be.widths[op.src], m.hidden, m.n_used
+    A = T * K
+    tensors = [be.gf.tensor(b) for b in op.banks]
+    chunks = [be.weights[b] for b in op.banks]
+    q8 = op.q8 or (False,) * len(op.banks)
+    for t, r in zip(tensors, q8):
+        if r and not KM.has_gemv(t.qtype, int(t.shape[-1])):
+            raise UnsupportedError(f"{t.name}: {t.qtype.name} expert banks need rows of whole 64-value groups on the GPU")
+    h = lower.current(op.src)
+    ids, wts = scratch("ids", 4 * A), scratch("wts", 4 * A)
+    ds = [route_dispatch(k, lower.current(op.logits), ids, wts, m, T)]
+    if m.weight_before:  # llama4: each pair's input is its token's row times its weight
+        x, x_div = scratch("xs", 4 * A * n_in), 1
+        ds.append(scale_rows_dispatch(k, h, wts, x, n_in, K, T))
+    else:
+        x, x_div = h, K
+    up, down = tensors[:-1], tensors[-1]
+    gemv_up = any(KM.has_gemv(t.qtype, n_in) for t in up)
+    xq = None
+    if gemv_up:
+        if x is h:  # the scratch may already hold h rounded (or keeps it for the shared expert's GEMVs)
+            pre, xq = lower.q8_input(h, n_in)
+            ds += pre
+        else:
+            d, xq = KQ.quantize_dispatch(k, x, n_in, A, into=scratch("xs_q8", 4 * A * KQ.words(n_in)))
+            ds.append(d)
+    act = scratch("act", 4 * A * H)
+    fused = m.fused_gate_up
+    qg, qu = up[0].qtype, up[-1].qtype
+    if gemv_up and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
+        ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
+                          A, ids, x_div, fused)
+    else:
+        g, u = scratch("g", 4 * A * H), scratch("u", 4 * A * H)
+        rb = KM.row_bytes(qg, n_in)
+        for i, dst in enumerate((g, u)):
+            t = up[0] if fused else up[i]
+            xin = xq if KM.has_gemv(t.qtype, n_in) else x
+            if fused:
+                ds += expert_matmul(k, t.qtype, n_in, H, chunks[0], xin, dst, A, ids, x_div, 2 * H * rb, i * H * rb)
+            else:
+                ds += expert_matmul(k, t.qtype, n_in, H, chunks[i], xin, dst, A, ids, x_div)
+        ds.append(KS.gated_dispatch(k, g, u, act, A * H, m.activation))
+    ain = act
+    if KM.has_gemv(down.qtype, H):
+        d, ain = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
+        ds.append(d)
+    ys = scratch("ys", 4 * A * n_in)
+    ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
+    y = lower.target(op.dst, op.src)
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
+    return ds
+
+
+def sigmoid_gate(lower, op: SigmoidGate) -> list[Dispatch]:
+    be = lower.be
+    buf, src = lower.current(op.buf), lower.current(op.src)
+    y = lower.target(op.buf, op.buf, op.src)
+    D = be.widths[op.buf]
+    if be.widths[op.src] != D:
+        raise UnsupportedError(f"{op.weight}: a shared expert's gate over a row of another width")
+    return [sigmoid_gate_dispatch(lower.k, buf, src, be.weights[op.weight][0], y, D, lower.rows)]

@@ -1,0 +1,244 @@
+"""The MoE FFN on the GPU (infr/gpu/kernels_moe.py) against the CPU reference (infr/cpu/moe.py).
+
+Per kernel, on odd shapes: the router's top-k (softmax and sigmoid gating, selection on
+probabilities or raw logits, renormalisation on and off, the clamp, a weight scale; expert counts
+not a power of two, top-k of 1, 2 and 8); the expert-indexed GEMV of every GPU weight type, with
+experts chosen by 0, 1 and many pairs, the bank split over bindings by expert ranges; the fused
+gate||up pair over two banks and over one gate_up bank; the weighted sum, the input scaled before
+the expert and the shared expert's sigmoid gate. End to end: tiny qwen3moe models (and the same
+file routed as llama4 routes) give the CPU reference's logits and greedy tokens, batched as alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from infr import synth
+from infr.cpu.backend import CPUBackend
+from infr.cpu.moe import route, sigmoid
+from infr.engine import Model
+from infr.gguf_file import Tensor, open_gguf
+from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_moe as KMoE
+from infr.gpu import kernels_q8 as KQ
+from infr.gpu.backend import GPUBackend
+from infr.gpu.runtime import read, run, storage
+from infr.models import build_spec
+from infr.models.spec import Activation, Gating, MoESpec
+from infr.numerics import matmul_input, quantize_q8
+from infr.plan import build_plan
+from infr.sampling import SamplingParams
+from infr.scheduler import Request
+from tests.closeness import assert_gpu_follows_cpu, assert_logits_close
+
+from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.path (pytest's prepend import mode)
+
+TOL = 1e-5  # of |W_e[r]| * |x|: f32 sums in another order
+
+
+def _u32(dev, a):
+    return storage(dev, np.asarray(a, np.uint32))
+
+
+# --- router and top-k
+
+ROUTES = {
+    "softmax-top2-renorm": MoESpec(6, 2, 8),
+    "softmax-top8-of-11": MoESpec(11, 8, 8),
+    "softmax-top2-no-renorm": MoESpec(7, 2, 8, norm_weights=False),
+    "sigmoid-top3-renorm-scaled": MoESpec(9, 3, 8, gating=Gating.SIGMOID, weight_scale=2.5),
+    "sigmoid-top1-on-logits": MoESpec(5, 1, 8, gating=Gating.SIGMOID, select_on_logits=True, norm_weights=False),
+}
+
+
+@pytest.mark.parametrize("name", ROUTES)
+def test_route_matches_the_reference(gpu, kernels, name):
+    m = ROUTES[name]
+    rng = np.random.default_rng(len(name))
+    T = 70  # two workgroups of rows, the second partial
+    logits = (rng.standard_normal((T, m.n_expert)) * 3).astype(np.float32)
+    logits[5] = logits[5, 0]  # a row of ties: the lower expert first, as a stable sort
+    logits[6] = -30.0 - np.arange(m.n_expert, dtype=np.float32)  # sigmoid weights summing below the clamp
+    ids, wts = storage(gpu, 4 * T * m.n_used), storage(gpu, 4 * T * m.n_used)
+    run(gpu, [KMoE.route_dispatch(kernels, storage(gpu, logits), ids, wts, m, T)])
+    chosen, w = route(logits, m)
+    got_ids = read(gpu, ids, np.uint32, T * m.n_used).reshape(T, m.n_used)
+    np.testing.assert_array_equal(got_ids, chosen)
+    np.testing.assert_allclose(read(gpu, wts, np.float32, T * m.n_used).reshape(T, m.n_used), w, rtol=2e-6, atol=0)
+
+
+# --- the expert-indexed GEMV
+
+def _k(q: Q) -> int:
+    """An odd K for the type: several 32-value blocks past a 256-value chunk, one K-quant block more."""
+    qk = KM.block_shape(q)[0]
+    return {32: 320, 256: 512}.get(qk, 200)
+
+
+def _bank(q: Q, E: int, N: int, K: int, rng) -> Tensor:
+    t = make_weight(q, E * N, K, rng)
+    return Tensor(f"bank_{q.name.lower()}", q, (E, N, K), t.raw)
+
+
+def _pairs(rng, T: int, k: int, E: int) -> np.ndarray:
+    """Expert ids of T * k pairs: expert 0 never chosen, 1 once, the rest often."""
+    ids = np.stack([rng.choice(np.arange(2, E), k, replace=False) for _ in range(T)])
+    ids[T // 2, 0] = 1
+    return ids.reshape(-1)
+
+
+TYPES = sorted(KM.GPU_TYPES, key=int)
+
+
+@pytest.mark.parametrize("q", TYPES, ids=[t.name.lower() for t in TYPES])
+@pytest.mark.parametrize("split", [False, True], ids=["one-binding", "split-by-experts"])
+def test_expert_matmul_per_type(gpu, kernels, q, split):
+    rng = np.random.default_rng(int(q))
+    E, N, T, k = 7, 37, 5, 3
+    K = _k(q)
+    t = _bank(q, E, N, K, rng)
+    eb = KMoE.expert_bytes(t)
+    limit = KM.binding_for_rows(2, eb) if split else None  # two experts a binding: four ranges
+    chunks = KMoE.upload_bank(gpu, t, limit)
+    assert len(chunks) == (4 if split else 1)
+    W = reference(Tensor(t.name, q, (E * N, K), t.raw)).reshape(E, N, K)
+    ids = _pairs(rng, T, k, E)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    for x_div in (k, 1):  # pairs sharing their token's row; each pair its own row
+        rows = x if x_div == k else np.repeat(x, k, axis=0) * rng.uniform(0.5, 2, (T * k, 1)).astype(np.float32)
+        xb = storage(gpu, rows)
+        if KM.has_gemv(q, K):
+            d, xb = KQ.quantize_dispatch(kernels, xb, K, len(rows), into=storage(gpu, 4 * len(rows) * KQ.words(K)))
+            pre = [d]
+        else:
+            pre = []
+        y = storage(gpu, np.full((T * k, N), np.nan, np.float32))
+        run(gpu, pre + KMoE.expert_matmul(kernels, q, K, N, chunks, xb, y, T * k, _u32(gpu, ids), x_div))
+        got = read(gpu, y, np.float32, T * k * N).reshape(T * k, N)
+        xi = matmul_input(rows, q).astype(np.float64)[np.arange(T * k) // x_div]
+        want = np.einsum("ank,ak->an", W[ids], xi)
+        scale = np.linalg.norm(xi, axis=1)[:, None] * np.linalg.norm(W[ids], axis=2)
+        assert not np.isnan(got).any(), "some outputs were never written"
+        err = float(np.max(np.abs(got - want) / scale))
+        assert err < TOL, f"{q.name} x_div={x_div}: error {err:.3g}"
+
+
+@pytest.mark.parametrize("types", [(Q.Q8_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K), (Q.Q5_0, None)],
+                         ids=["q8_0", "q4_k+q6_k", "q5_0-fused-gate-up"])
+def test_expert_gate_up_pair(gpu, kernels, types):
+    rng = np.random.default_rng(7)
+    qg, qu = types
+    fused = qu is None
+    E, N, T, k = 5, 19, 4, 2
+    K = 256
+    if fused:
+        gu = _bank(qg, E, 2 * N, K, rng)
+        Wgu = reference(Tensor("gu", qg, (E * 2 * N, K), gu.raw)).reshape(E, 2 * N, K)
+        Wg, Wu = Wgu[:, :N], Wgu[:, N:]
+        cg = cu = KMoE.upload_bank(gpu, gu)
+        qu = qg
+    else:
+        g, u = _bank(qg, E, N, K, rng), _bank(qu, E, N, K, rng)
+        Wg = reference(Tensor("g", qg, (E * N, K), g.raw)).reshape(E, N, K)
+        Wu = reference(Tensor("u", qu, (E * N, K), u.raw)).reshape(E, N, K)
+        cg, cu = KMoE.upload_bank(gpu, g), KMoE.upload_bank(gpu, u)
+    ids = _pairs(rng, T, k, E)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+    y = storage(gpu, np.full((T * k, N), np.nan, np.float32))
+    run(gpu, [d] + KMoE.expert_pair(kernels, qg, qu, K, N, cg, cu, xq, y, Activation.SILU, T * k, _u32(gpu, ids), k,
+                                    fused))
+    got = read(gpu, y, np.float32, T * k * N).reshape(T * k, N)
+    xi = quantize_q8(x).astype(np.float64)[np.arange(T * k) // k]
+    gate = np.einsum("ank,ak->an", Wg[ids], xi)
+    up = np.einsum("ank,ak->an", Wu[ids], xi)
+    want = gate / (1 + np.exp(-gate)) * up
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+# --- the rows around the experts
+
+def test_combine_scale_rows_and_shared_gate(gpu, kernels):
+    rng = np.random.default_rng(9)
+    T, k, D = 5, 3, 300  # D past one workgroup of 256 columns
+    ys = rng.standard_normal((T * k, D)).astype(np.float32)
+    w = rng.uniform(0, 1, T * k).astype(np.float32)
+    for weighted in (True, False):
+        out = storage(gpu, 4 * T * D)
+        run(gpu, [KMoE.combine_dispatch(kernels, storage(gpu, ys), storage(gpu, w), out, D, k, T, weighted)])
+        terms = ys.reshape(T, k, D) * (w.reshape(T, k, 1) if weighted else np.float32(1))
+        want = terms[:, 0].copy()
+        for s in range(1, k):
+            want += terms[:, s]
+        np.testing.assert_allclose(read(gpu, out, np.float32, T * D).reshape(T, D), want, rtol=1e-6, atol=1e-6)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    xs = storage(gpu, 4 * T * k * D)
+    run(gpu, [KMoE.scale_rows_dispatch(kernels, storage(gpu, x), storage(gpu, w), xs, D, k, T)])
+    np.testing.assert_array_equal(read(gpu, xs, np.float32, T * k * D).reshape(T * k, D),
+                                  np.repeat(x, k, axis=0) * w[:, None])
+    buf, gw = rng.standard_normal((T, D)).astype(np.float32), rng.standard_normal(D).astype(np.float32) * 0.1
+    y = storage(gpu, 4 * T * D)
+    run(gpu, [KMoE.sigmoid_gate_dispatch(kernels, storage(gpu, buf), storage(gpu, x), storage(gpu, gw), y, D, T)])
+    want = buf * sigmoid((x * gw).sum(axis=-1, dtype=np.float32))[:, None]
+    np.testing.assert_allclose(read(gpu, y, np.float32, T * D).reshape(T, D), want, rtol=1e-5, atol=1e-6)
+
+
+# --- end to end
+
+@pytest.fixture(scope="module")
+def moe_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    return {w: synth.write_gguf(synth.preset("tiny-qwen3moe", weight_type=w), d / f"tq-{w}.gguf")
+            for w in ("F32", "Q8_0", "Q4_K_M")}
+
+
+def _llama4_routed(plan):
+    """The plan with every MoE layer routed as llama4's: sigmoid top-1 of the raw logits, no
+    renormalisation, the weight applied to the expert's input."""
+    def one(layer):
+        m = replace(layer.ffn, n_used=1, gating=Gating.SIGMOID, select_on_logits=True, norm_weights=False,
+                    weight_before=True)
+        return replace(layer, ffn=m)
+    return build_plan(replace(plan.spec, layers=tuple(one(la) for la in plan.spec.layers)))
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M", "Q8_0-llama4-routing", "Q8_0-split-banks"])
+def test_tiny_moe_model_follows_the_cpu_reference(gpu, moe_files, monkeypatch, weights):
+    gf = open_gguf(moe_files[weights.split("-")[0]])
+    plan = build_plan(build_spec(gf))
+    if weights.endswith("llama4-routing"):
+        plan = _llama4_routed(plan)
+    if weights.endswith("split-banks"):  # every bank over bindings of two experts each
+        t = gf.tensor("blk.0.ffn_down_exps.weight")
+        monkeypatch.setattr(KMoE, "upload_bank", partial(KMoE.upload_bank,
+                                                         max_binding=KM.binding_for_rows(2, KMoE.expert_bytes(t))))
+    g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
+    if weights.endswith("split-banks"):
+        assert len(g.weights["blk.0.ffn_down_exps.weight"]) == 3
+    prompt = np.random.default_rng(0).integers(0, 512, 14).tolist()
+    q8 = not weights.startswith("F32")
+    assert_logits_close(g.forward(prompt, 0, n_logits=14), c.forward(prompt, 0, n_logits=14), q8)
+    assert_gpu_follows_cpu(g, c, prompt, 8)
+
+
+def test_tiny_moe_batched_equals_alone_and_the_cpu_reference(gpu, moe_files):
+    prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
+    greedy = SamplingParams(temperature=0.0)
+
+    def go(model, ps, **kw):
+        reqs = [model.engine.submit(Request(list(p), greedy, max_new=6, ignore_eos=True, **kw)) for p in ps]
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+        return [r.output for r in reqs]
+
+    on_gpu = Model(moe_files["F32"], n_ctx=128, backend="gpu", parallel=len(prompts))
+    on_cpu = Model(moe_files["F32"], n_ctx=128, backend="cpu", parallel=len(prompts))
+    together = go(on_gpu, prompts)
+    assert on_gpu.engine.stats.max_rows >= len(prompts)  # the requests shared steps
+    alone = [go(on_gpu, [p], cache_prompt=False)[0] for p in prompts]
+    assert together == alone == go(on_cpu, prompts)
