@@ -29,6 +29,7 @@
 
 enable chromium_experimental_subgroup_matrix;
 
+// #include mmq_expert_none
 // #include mmq_reader
 // #include mmq_{{QTYPE}}
 

@@ -39,8 +39,10 @@
 // the row epilogue come from matmul_common.wgsl (x_stride: vec4 between
 // tokens of xq). Rows past N and tokens past T read row N - 1 / token T - 1
 // and are not stored. K % 256 == 0 (quantize_q8's layout). Dispatch
-// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1).
+// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1). EXPERT (mmq_expert_on.wgsl): the tiles are
+// groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
 
+{{EXPERT}}
 // #include mmq_reader
 // #include mmq_{{QTYPE}}
 
@@ -100,14 +102,14 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     for (var n = 0u; n < NX; n++) {
         let k = tid + n * WG;
         if (k < BT * XV) {
-            let t = min(tok0 + k / XV, params.T - 1u);
+            let t = x_tok(tok0, k / XV);
             g.x[n] = xq[t * params.x_stride + k0 / 16u + k % XV];
         }
     }
     for (var n = 0u; n < ND; n++) {
         let k = tid + n * WG;
         if (k < BT * P) {
-            let t = min(tok0 + k / P, params.T - 1u);
+            let t = x_tok(tok0, k / P);
             g.d[n] = xq[t * params.x_stride + params.K / 16u + k0 / 64u + k % P];
         }
     }
@@ -154,7 +156,7 @@ fn stage(st: u32, buf: u32, tid: u32, first: u32, tok0: u32) {
         if (k < BT * XV) {
             let tau = k / XV;
             let v = k % XV;
-            let t = min(tok0 + tau, params.T - 1u);
+            let t = x_tok(tok0, tau);
             xs[(buf * XV + v) * BT + (tau ^ (v & SWT))] = xq[t * params.x_stride + k0 / 16u + v];
         }
     }
@@ -162,7 +164,7 @@ fn stage(st: u32, buf: u32, tid: u32, first: u32, tok0: u32) {
         let k = tid + n * WG;
         if (k < BT * P) {
             let tau = k / P;
-            let t = min(tok0 + tau, params.T - 1u);
+            let t = x_tok(tok0, tau);
             xd[(buf * P + k % P) * BT + tau] = bitcast<vec4<f32>>(xq[t * params.x_stride + params.K / 16u + k0 / 64u + k % P]);
         }
     }
@@ -183,8 +185,11 @@ fn exact_f32(s: i32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let tr = tid % TR;
     let tt = tid / TR;
+    if (tile_skip(wid.y)) {  // EXPERT: no pairs, or its expert in another binding
+        return;
+    }
     let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
-    let tok0 = wid.y * BT;
+    let tok0 = tile_tok0(wid.y);
     var acc: array<f32, RM * RT>;
     let nst = params.K / (32u * SUB);  // stages
     if (INIT) {
@@ -257,8 +262,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = 0u; i < select(RM, RM / 2u, PAIR); i++) {
         let r = first + tr + i * TR;
         for (var j = 0u; j < RT; j++) {
-            let t = tok0 + tt + j * TT;
-            if (r < params.N && t < params.T) {
+            let t = out_tok(tok0, tt + j * TT);
+            if (r < params.N && t != NO_TOKEN) {
                 var v = acc[i * RT + j];
                 if (PAIR) {
                     v = select(silu(v), gelu(v), ACT_GELU) * acc[(i + RM / 2u) * RT + j];

@@ -3,7 +3,8 @@
 // the rounded rows xq, matmul_common's params and outputs, the epilogues, and
 // what the readers use: word and vec4 loads of the staged matrices, byte
 // tricks, the activations' value order (qv) and the staged rows of a tile.
-// The including kernel declares BN, PAIR, put_q and put_s.
+// The including kernel declares BN, PAIR, put_q and put_s, and includes an expert_byte
+// (mmq_expert_none.wgsl, or gemm_mmq's EXPERT: mmq_expert_on / _off).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
@@ -62,7 +63,7 @@ fn staged_row(rho: u32, first: u32) -> vec2<u32> {
         slot = 1u;
         r -= BN / 2u;
     }
-    return vec2<u32>(slot, min(r, params.N - 1u) * params.row_bytes);
+    return vec2<u32>(slot, min(r, params.N - 1u) * params.row_bytes + expert_byte(slot));
 }
 
 // The invocation's weight units of one stage at value k0 (entry n: unit tid + n WG of the tile's

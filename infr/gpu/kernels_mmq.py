@@ -244,10 +244,11 @@ def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None) -> bool:
 
 
 def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act: str | None = None,
-                 split: bool = False):
+                 split: bool = False, expert: bool = False):
     """(the compiled kernel for `qtype`: plain, gate||up with `pair_act` or
     the q|k|v split; the output rows and the tokens one workgroup covers).
-    An MmaTile builds the tensor-core kernel (kernels_mma) on the same bindings."""
+    An MmaTile builds the tensor-core kernel (kernels_mma) on the same bindings. `expert`: tiles
+    of pairs routed to one expert of a bank (kernels_moe's grouped path; int8 tiles only)."""
     if isinstance(tile, KMA.MmaTile):
         return KMA.pipeline(kernels, KM.wgsl_name(qtype), tile, pair_act, split)
     t = tile.resolved(kernels.dev, READERS[Q(int(qtype))])
@@ -261,6 +262,7 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
         "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
         "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
         "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
+        "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mmq", "main", unchecked=bool(t.UNCHECKED), **consts)
     return pipe, (t.BN // 2 if pair else t.BN), t.BT

@@ -10,8 +10,11 @@ Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
 4. down of every pair, the same way, into [A, n_embd];
 5. the weighted sum in selection order (moe_combine combine) into the op's output.
 
-Prompt batches run the same kernels, a workgroup per pair (each reads its own expert's rows),
-so a row's result does not depend on its batch (batched equals alone). Banks are uploaded by
+Small batches run the same kernels, a workgroup per pair (each reads its own expert's rows).
+Batches that the dense matmuls run as int8 GEMMs (kernels_mmq.use_mmq) group the pairs by expert
+on the GPU (wgsl/moe_group.wgsl: a count and a scatter) and run one tiled GEMM per bank over all
+groups (gemm_mmq.wgsl with mmq_expert_on.wgsl), llama.cpp's MUL_MAT_ID; each output row is still
+computed alone, so a row's result does not depend on which rows share its expert. Banks are uploaded by
 expert ranges that each fit one storage binding (upload_bank); a kernel runs once per range,
 its pairs routed elsewhere leaving at once.
 """
@@ -23,6 +26,7 @@ import numpy as np
 from infr.errors import UnsupportedError
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.models.spec import Gating, MoESpec
@@ -155,6 +159,68 @@ def expert_pair(kernels: Kernels, qg, qu, K: int, N: int, chunks_g, chunks_u, xq
     return out
 
 
+# --- prompt batches: pairs grouped by expert, one int8 tiled GEMM over every group
+
+def group_dispatch(kernels: Kernels, ids, g: "Groups", E: int, A: int) -> Dispatch:
+    """The pairs' order by expert and the tile list (wgsl/moe_group.wgsl) into g's buffers."""
+    pipe = kernels.pipeline("moe_group", "main")
+    p = KS._params(kernels, KS._pack([("E", "u32", E), ("A", "u32", A), ("BT", "u32", g.bt),
+                                      ("max_tiles", "u32", g.max_tiles)]), None, "moe_group")
+    return Dispatch(pipe, kernels.bind(pipe, [p, ids, g.cursor, g.order, g.tiles]), (1, 1, 1), f"moe_group {E}")
+
+
+class Groups:
+    """Buffers of one grouping (cursor per expert, order per pair, tiles of at most bt pairs)."""
+
+    def __init__(self, scratch, E: int, A: int, bt: int):
+        self.bt, self.max_tiles = bt, -(-A // bt) + E
+        self.cursor = scratch(f"cursor{bt}", 4 * E)
+        self.order = scratch(f"order{bt}", 4 * A)
+        self.tiles = scratch(f"tiles{bt}", 16 * self.max_tiles)
+
+
+def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False) -> KMQ.MmqTile:
+    """The int8 GEMM's tile for the grouped product (never the tensor-core one, whose kernel has no
+    expert tiles)."""
+    return KMQ.device_tuning(kernels.dev).tile_for(kernels.dev, q, N, A, pair)
+
+
+def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: int, g: Groups, tile,
+                   x_div: int = 1, act=None, chunks2=None, fused: bool = False) -> list[Dispatch]:
+    """y[a] = W_e @ x[a // x_div] for the pairs a of every tile of expert e (g, by group_dispatch),
+    x rounded in xq; with `act`, the gate||up pair act(G_e x) * (U_e x) over chunks and chunks2
+    (or one fused gate_up bank). One dispatch per expert range, ceil(N / rows) x max_tiles
+    workgroups, the tiles past the last leaving at once."""
+    q = KM.as_qtype(qtype)
+    rb = KM.row_bytes(q, K)
+    pair = act is not None
+    pipe, rows_wg, bt = KMQ.mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), expert=True)
+    assert bt == g.bt, (bt, g.bt)
+    p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, False, A), label="mmq_expert.params",
+                uniform=True)
+    stride, base2 = (2 * N * rb, N * rb) if fused else (N * rb, 0)
+    none = KM._no_bias(kernels)
+    out = []
+    for i, (buf, e0, n) in enumerate(chunks):
+        w2 = (buf if fused else chunks2[i][0]) if pair else None
+        ep = _experts(kernels, e0, n, stride, stride, 0, base2, x_div)
+        bind = kernels.bind(pipe, [p, buf, xq, y, none, none, w2, None, ep, g.order, g.tiles])
+        groups = (-(-N // rows_wg), g.max_tiles, 1)
+        label = f"mmq_{KM.wgsl_name(q)}_expert{'_gate_up' if pair else ''} {N}x{K}"
+        out.append(Dispatch(pipe, bind, groups, label, N * rb * (2 if pair else 1)))
+    return out
+
+
+def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
+    """Whether this batch runs the experts as grouped GEMMs: a batch the dense matmuls would take
+    the int8 GEMM for, banks the kernel reads (one gate/up type), the gate||up pair possible."""
+    if not KMQ.use_mmq(T, kernels.dev) or not all(KMQ.applies(t) for t in tensors) or not all(op.q8 or ()):
+        return False
+    if op.spec.fused_gate_up:
+        return True
+    return KM.as_qtype(tensors[0].qtype) == KM.as_qtype(tensors[1].qtype) and _same_ranges(chunks[0], chunks[1])
+
+
 def _same_ranges(a, b) -> bool:
     return [(e0, n) for _, e0, n in a] == [(e0, n) for _, e0, n in b]
 
@@ -206,6 +272,8 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
             ds.append(d)
     act = scratch("act", 4 * A * H)
     fused = m.fused_gate_up
+    if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
+        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks)
     qg, qu = up[0].qtype, up[-1].qtype
     if gemv_up and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
         ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
@@ -227,6 +295,25 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
+    y = lower.target(op.dst, op.src)
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
+    return ds
+
+
+def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, tensors, chunks) -> list[Dispatch]:
+    """Gate||up and down of every pair as int8 GEMMs over the pairs grouped by expert, then the sum."""
+    k, m, T = lower.k, op.spec, lower.rows
+    n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
+    A = T * K
+    tile_up = grouped_tile(k, tensors[0].qtype, H, A, pair=True)
+    tile_down = grouped_tile(k, tensors[-1].qtype, n_in, A)
+    groups = {bt: Groups(scratch, m.n_expert, A, bt) for bt in {tile_up.BT, tile_down.BT}}
+    ds = [group_dispatch(k, ids, g, m.n_expert, A) for g in groups.values()]
+    ds += grouped_matmul(k, tensors[0].qtype, n_in, H, chunks[0], xq, act, A, groups[tile_up.BT], tile_up, x_div,
+                         act=m.activation, chunks2=None if m.fused_gate_up else chunks[1], fused=m.fused_gate_up)
+    d, aq = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
+    ys = scratch("ys", 4 * A * n_in)
+    ds += [d] + grouped_matmul(k, tensors[-1].qtype, H, n_in, chunks[-1], aq, ys, A, groups[tile_down.BT], tile_down)
     y = lower.target(op.dst, op.src)
     ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
     return ds

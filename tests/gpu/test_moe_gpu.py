@@ -24,6 +24,7 @@ from infr.cpu.moe import route, sigmoid
 from infr.engine import Model
 from infr.gguf_file import Tensor, open_gguf
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.backend import GPUBackend
@@ -193,8 +194,14 @@ def test_combine_scale_rows_and_shared_gate(gpu, kernels):
 @pytest.fixture(scope="module")
 def moe_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("moe")
-    return {w: synth.write_gguf(synth.preset("tiny-qwen3moe", weight_type=w), d / f"tq-{w}.gguf")
-            for w in ("F32", "Q8_0", "Q4_K_M")}
+    files = {w: synth.write_gguf(synth.preset("tiny-qwen3moe", weight_type=w), d / f"tq-{w}.gguf")
+             for w in ("F32", "Q8_0", "Q4_K_M")}
+    # rows of whole 256-value groups in Q4_K / Q6_K: prompt batches take the grouped int8 GEMM
+    wide = synth.SynthSpec("qwen3moe", n_layers=2, n_embd=256, n_heads=4, n_kv_heads=2, head_dim=64, n_ff=512,
+                           n_vocab=512, ctx=256, tied=False, weight_type="Q4_K_M", n_expert=6, n_expert_used=2,
+                           n_ff_exp=256, name="wide-qwen3moe", tokenizer="gpt2")
+    files["Q4_K_M256"] = synth.write_gguf(wide, d / "wide.gguf")
+    return files
 
 
 def _llama4_routed(plan):
@@ -207,7 +214,8 @@ def _llama4_routed(plan):
     return build_plan(replace(plan.spec, layers=tuple(one(la) for la in plan.spec.layers)))
 
 
-@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M", "Q8_0-llama4-routing", "Q8_0-split-banks"])
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M", "Q8_0-llama4-routing", "Q8_0-split-banks", "Q4_K_M256",
+                                     "Q4_K_M256-llama4-routing"])
 def test_tiny_moe_model_follows_the_cpu_reference(gpu, moe_files, monkeypatch, weights):
     gf = open_gguf(moe_files[weights.split("-")[0]])
     plan = build_plan(build_spec(gf))
@@ -220,13 +228,20 @@ def test_tiny_moe_model_follows_the_cpu_reference(gpu, moe_files, monkeypatch, w
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     if weights.endswith("split-banks"):
         assert len(g.weights["blk.0.ffn_down_exps.weight"]) == 3
-    prompt = np.random.default_rng(0).integers(0, 512, 14).tolist()
+    n = 40 if "256" in weights else 14  # 40: past the int8 GEMM's smallest batch
+    # Prompts whose greedy chains move, and, in the wide model, with no row at a router near-tie (its
+    # 8-bit-rounded inputs then pick another expert there, a whole logit off; seed 2 has one).
+    prompt = np.random.default_rng(4 if "256" in weights else 0).integers(0, 512, n).tolist()
     q8 = not weights.startswith("F32")
-    assert_logits_close(g.forward(prompt, 0, n_logits=14), c.forward(prompt, 0, n_logits=14), q8)
+    assert_logits_close(g.forward(prompt, 0, n_logits=n), c.forward(prompt, 0, n_logits=n), q8)
+    body = g._graph(n, n)[0]
+    assert any("_expert_gate_up" in d.label for d in body.dispatches) == q8  # F32: gate, up, then the activation
+    assert any(d.label.startswith("mmq_q4_k_expert") for d in body.dispatches) == ("256" in weights)
     assert_gpu_follows_cpu(g, c, prompt, 8)
 
 
-def test_tiny_moe_batched_equals_alone_and_the_cpu_reference(gpu, moe_files):
+@pytest.mark.parametrize("weights", ["F32", "Q4_K_M256"])
+def test_tiny_moe_batched_equals_alone_and_the_cpu_reference(gpu, moe_files, weights):
     prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
     greedy = SamplingParams(temperature=0.0)
 
@@ -236,9 +251,83 @@ def test_tiny_moe_batched_equals_alone_and_the_cpu_reference(gpu, moe_files):
         assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
         return [r.output for r in reqs]
 
-    on_gpu = Model(moe_files["F32"], n_ctx=128, backend="gpu", parallel=len(prompts))
-    on_cpu = Model(moe_files["F32"], n_ctx=128, backend="cpu", parallel=len(prompts))
+    on_gpu = Model(moe_files[weights], n_ctx=128, backend="gpu", parallel=len(prompts))
+    on_cpu = Model(moe_files[weights], n_ctx=128, backend="cpu", parallel=len(prompts))
     together = go(on_gpu, prompts)
     assert on_gpu.engine.stats.max_rows >= len(prompts)  # the requests shared steps
     alone = [go(on_gpu, [p], cache_prompt=False)[0] for p in prompts]
     assert together == alone == go(on_cpu, prompts)
+
+
+# --- prompt batches: pairs grouped by expert, one tiled int8 GEMM (MUL_MAT_ID)
+
+def _grouped_pairs(rng, T: int, E: int) -> np.ndarray:
+    """T tokens x 2 slots: slot 0 expert 2 for every token (more pairs than one tile), slot 1 one
+    of 3 .. E - 1, once expert 1; expert 0 never."""
+    ids = np.stack([np.full(T, 2), rng.integers(3, E, T)], axis=1)
+    ids[T // 3, 1] = 1
+    return ids.reshape(-1)
+
+
+MMQ_TYPES = sorted(KMQ.READERS, key=int)
+
+
+@pytest.mark.parametrize("q", MMQ_TYPES, ids=[t.name.lower() for t in MMQ_TYPES])
+@pytest.mark.parametrize("split", [False, True], ids=["one-binding", "split-by-experts"])
+def test_grouped_expert_gemm_per_type(gpu, kernels, q, split):
+    rng = np.random.default_rng(int(q) + 100)
+    E, N, T, k, K = 7, 45, 70, 2, 256
+    A = T * k
+    t = _bank(q, E, N, K, rng)
+    chunks = KMoE.upload_bank(gpu, t, KM.binding_for_rows(3, KMoE.expert_bytes(t)) if split else None)
+    assert len(chunks) == (3 if split else 1)
+    W = reference(Tensor(t.name, q, (E * N, K), t.raw)).reshape(E, N, K)
+    ids = _grouped_pairs(rng, T, E)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+    tile = KMoE.grouped_tile(kernels, q, N, A)
+    scratch = KMoE.Scratch(gpu)
+    g = KMoE.Groups(scratch, E, A, tile.BT)
+    y = storage(gpu, np.full((A, N), np.nan, np.float32))
+    run(gpu, [d, KMoE.group_dispatch(kernels, _u32(gpu, ids), g, E, A)]
+        + KMoE.grouped_matmul(kernels, q, K, N, chunks, xq, y, A, g, tile, x_div=k))
+    tiles = read(gpu, g.tiles, np.uint32, 4 * g.max_tiles).reshape(-1, 4)
+    live = tiles[tiles[:, 2] > 0]
+    assert sorted(live[:, 0].tolist()) == sorted([1] + [2] * -(-T // tile.BT) + sorted(set(ids[1::2]) - {1}))
+    got = read(gpu, y, np.float32, A * N).reshape(A, N)
+    xi = quantize_q8(x).astype(np.float64)[np.arange(A) // k]
+    want = np.einsum("ank,ak->an", W[ids], xi)
+    scale = np.linalg.norm(xi, axis=1)[:, None] * np.linalg.norm(W[ids], axis=2)
+    assert not np.isnan(got).any(), "some outputs were never written"
+    err = float(np.max(np.abs(got - want) / scale))
+    assert err < TOL, f"{q.name}: error {err:.3g}"
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two-banks", "fused-gate-up"])
+def test_grouped_gate_up_pair(gpu, kernels, fused):
+    rng = np.random.default_rng(11)
+    q, E, N, T, k, K = Q.Q4_K, 6, 40, 50, 2, 256
+    A = T * k
+    if fused:
+        gu = _bank(q, E, 2 * N, K, rng)
+        Wgu = reference(Tensor("gu", q, (E * 2 * N, K), gu.raw)).reshape(E, 2 * N, K)
+        Wg, Wu = Wgu[:, :N], Wgu[:, N:]
+        cg, cu = KMoE.upload_bank(gpu, gu), None
+    else:
+        g_, u_ = _bank(q, E, N, K, rng), _bank(q, E, N, K, rng)
+        Wg = reference(Tensor("g", q, (E * N, K), g_.raw)).reshape(E, N, K)
+        Wu = reference(Tensor("u", q, (E * N, K), u_.raw)).reshape(E, N, K)
+        cg, cu = KMoE.upload_bank(gpu, g_), KMoE.upload_bank(gpu, u_)
+    ids = _grouped_pairs(rng, T, E)
+    x = rng.standard_normal((A, K)).astype(np.float32)  # each pair its own row (x_div 1)
+    d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, A, into=storage(gpu, 4 * A * KQ.words(K)))
+    tile = KMoE.grouped_tile(kernels, q, N, A, pair=True)
+    g = KMoE.Groups(KMoE.Scratch(gpu), E, A, tile.BT)
+    y = storage(gpu, np.full((A, N), np.nan, np.float32))
+    run(gpu, [d, KMoE.group_dispatch(kernels, _u32(gpu, ids), g, E, A)]
+        + KMoE.grouped_matmul(kernels, q, K, N, cg, xq, y, A, g, tile, act=Activation.SILU, chunks2=cu, fused=fused))
+    got = read(gpu, y, np.float32, A * N).reshape(A, N)
+    xi = quantize_q8(x).astype(np.float64)
+    gate = np.einsum("ank,ak->an", Wg[ids], xi)
+    want = gate / (1 + np.exp(-gate)) * np.einsum("ank,ak->an", Wu[ids], xi)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

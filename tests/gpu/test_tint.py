@@ -121,12 +121,13 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
 
 
 def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
-    """The MoE kernels: the router, the rows around the experts, the shared expert's gate, and the
-    expert-indexed GEMV (plain and gate||up) and f32 matmul of every type."""
+    """The MoE kernels: the router, the grouping of prompt batches, the rows around the experts, the
+    shared expert's gate, the expert-indexed GEMV (plain and gate||up) and f32 matmul of every type,
+    and the grouped int8 GEMM (plain and gate||up) of every reader on each default tile."""
     asked: set = set()
     rec = _Recorder(gpu, asked)
     for name, entry in (("moe_route", "main"), ("moe_combine", "combine"), ("moe_combine", "scale_rows"),
-                        ("moe_gate", "main")):
+                        ("moe_gate", "main"), ("moe_group", "main")):
         rec.pipeline(name, entry)
     for q in KM.GPU_TYPES:
         if q in KM.GEMV_FAMILY:
@@ -134,6 +135,11 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
             KM.gemv_pipeline(rec, (q, q), pair_act="silu", expert=True)
         else:
             KMoE.f32_pipeline(rec, q)
-    assert len(asked) == 4 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
+    for q in KMQ.READERS:
+        for tile in KMQ.TILES:
+            KMQ.mmq_pipeline(rec, q, tile, expert=True)
+            KMQ.mmq_pipeline(rec, q, tile, pair_act="silu", expert=True)
+    assert len(asked) == (5 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
+                          + 2 * len(KMQ.READERS) * len(KMQ.TILES))
     errors = _tint_errors(tint, asked)
     assert not errors, errors
