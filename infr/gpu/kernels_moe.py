@@ -214,7 +214,9 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
 def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
     """Whether this batch runs the experts as grouped GEMMs: a batch the dense matmuls would take
     the int8 GEMM for, banks the kernel reads (one gate/up type), the gate||up pair possible."""
-    if not KMQ.use_mmq(T, kernels.dev) or not all(KMQ.applies(t) for t in tensors) or not all(op.q8 or ()):
+    if op.q8 is None or not all(op.q8) or not all(KMQ.applies(t) for t in tensors):
+        return False
+    if not KMQ.use_mmq(T, kernels.dev):
         return False
     if op.spec.fused_gate_up:
         return True
@@ -251,7 +253,8 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
     q8 = op.q8 or (False,) * len(op.banks)
     for t, r in zip(tensors, q8):
         if r and not KM.has_gemv(t.qtype, int(t.shape[-1])):
-            raise UnsupportedError(f"{t.name}: {t.qtype.name} expert banks need rows of whole 64-value groups on the GPU")
+            raise UnsupportedError(f"{t.name}: {t.qtype.name} expert banks need rows of whole 64-value groups "
+                                   "on the GPU")
     h = lower.current(op.src)
     ids, wts = scratch("ids", 4 * A), scratch("wts", 4 * A)
     ds = [route_dispatch(k, lower.current(op.logits), ids, wts, m, T)]
@@ -275,7 +278,7 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
         return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks)
     qg, qu = up[0].qtype, up[-1].qtype
-    if gemv_up and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
+    if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
         ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
                           A, ids, x_div, fused)
     else:
