@@ -15,7 +15,7 @@ Why it is independent of the batch: the lanes and activation q are small integer
 and a group's 32 products and every partial sum stay below 2^24, so BLAS's sums of them are exact
 whatever its blocking, for any number of rows (one batched sgemm over the groups computes isum of
 every row at once and reads each weight once). The floating-point steps after it are elementwise
-(a * isum), or a per-row product of one fixed shape, [1, groups] @ [groups, N] (one BLAS call per
+(a * isum), or per-row products of fixed shapes, [1, groups] @ [groups, span of N] (BLAS calls per
 row, the same call whatever the batch), so a row's float sums run in one order alone or batched.
 
 The lanes are cached at load as float32 [groups, G, N] (as large as the dequantized float32 matrix)
@@ -24,6 +24,7 @@ with a and m as float32 [groups, N].
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -202,23 +203,69 @@ def dequantized(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     return (q.reshape(t, k // 32, 32) * d[..., None]).reshape(t, k)
 
 
-_COLS = 2048
+_COLS = 2048  # columns of one integer product (OpenBLAS packs a whole [G, N] block per product otherwise)
+_SPAN = 24576  # columns of one per-row product: a fixed split of N, whatever the batch (see matmul)
+
+_pool = None  # one helper thread, made on first use: numpy releases the GIL in its products
+_pool_lock = threading.Lock()
+
+
+def _helper():
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None and _cpus() > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _pool = ThreadPoolExecutor(1, thread_name_prefix="mmq")
+    return _pool
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def matmul(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: Lanes) -> np.ndarray:
-    """Rows (q, d, s of `quantize`) times the weight: [T, N] float32, each row as it is alone."""
+    """Rows (q, d, s of `quantize`) times the weight: [T, N] float32, each row as it is alone.
+
+    A wide weight (a head's 49152 columns) goes by chunks of _COLS, each chunk's integer sums scaled
+    by a at once, while in cache (a separate pass over the [T, groups, N] array cost ~3 ms of the
+    8-row step). The float steps keep the shapes they have alone: a * isum is elementwise, and the
+    per-row products take fixed spans of N (_SPAN: all of N up to _SPAN, a head in two), the same
+    calls for every batch. (OpenBLAS sums such a product in one order from ~24576 columns up and
+    in another below: spans of 24576 give the head the very bits of one 49152-column call.)
+    Which thread runs a span changes no sum: with more than one row a wide weight's spans split
+    between two threads (SmolLM2's 8-row head in the engine: median 20.6 -> 15.3 ms; a lone row is
+    bound by memory and stays on one)."""
     t = q.shape[0]
     ng, g, n = w.q.shape
     isum = np.empty((t, ng, n), F32)  # one row's groups contiguous: its slice is the same array at any T
     xg, out = q.reshape(t, ng, g).transpose(1, 0, 2), isum.transpose(1, 0, 2)
-    if n <= 2 * _COLS:
-        np.matmul(xg, w.q, out=out)  # exact integers
-    else:  # a head's 49152 columns: by 2048 (OpenBLAS packs a whole [G, N] block per product otherwise)
-        for c in range(0, n, _COLS):
-            np.matmul(xg, w.q[:, :, c : c + _COLS], out=out[:, :, c : c + _COLS])
-    isum *= w.a  # a * isum, elementwise
     c = d if g == 32 else np.repeat(d, 32 // g, axis=1)  # the activation scale of each group
-    y = np.matmul(c[:, None, :], isum)[:, 0]  # per row [1, groups] @ [groups, N]
-    if w.m is not None:
-        y += np.matmul(s[:, None, :], w.m)[:, 0]
+    y = np.empty((t, n), F32)
+
+    step = n if n <= 2 * _COLS else _COLS
+
+    def part(lo: int, hi: int) -> None:  # y[:, lo:hi], lo and hi on span bounds
+        for c0 in range(lo, hi, step):  # a * the exact integer sums, a chunk at a time
+            c1 = min(hi, c0 + step)
+            np.matmul(xg, w.q[:, :, c0:c1], out=out[:, :, c0:c1])
+            out[:, :, c0:c1] *= w.a[:, None, c0:c1]
+        for s0 in range(lo, hi, _SPAN):  # per row [1, groups] @ [groups, span]
+            s1 = min(hi, s0 + _SPAN)
+            y[:, s0:s1] = np.matmul(c[:, None, :], isum[:, :, s0:s1])[:, 0]
+            if w.m is not None:
+                y[:, s0:s1] += np.matmul(s[:, None, :], w.m[:, s0:s1])[:, 0]
+
+    pool = _helper() if t > 1 and n > _SPAN else None  # a layer's columns split too: slower
+    if pool is None:
+        part(0, n)
+    else:  # whole spans to each thread
+        mid = (n // _SPAN + 1) // 2 * _SPAN
+        job = pool.submit(part, mid, n)
+        part(0, mid)
+        job.result()
     return y
