@@ -185,15 +185,28 @@ def lanes(raw: np.ndarray, qtype, shape: tuple[int, ...]) -> Lanes:
     return Lanes(q, a, m, g)
 
 
+_ONES = np.ones(32, F32)
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x [T, K] rounded to 8 bits per 32 values as infr.numerics.quantize_q8 does: (q [T, K] float32
-    integers, d [T, K / 32], s = d * sum(q) [T, K / 32]); q * d is quantize_q8(x) bit for bit."""
+    integers, d [T, K / 32], s = d * sum(q) [T, K / 32]); q * d is quantize_q8(x) bit for bit.
+
+    The same values by cheaper calls (2-3x at 8 rows; it runs once per matmul input a step): numpy
+    reduces a 32-value last axis slowly, so the block maxima reduce over a transposed copy (a max
+    is exact in any order), and sum(q), integers below 2^24, is a product with ones."""
     t, k = x.shape
     blocks = np.asarray(x, F32).reshape(t, k // 32, 32)
-    d = np.max(np.abs(blocks), axis=-1) / F32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(d[..., None] > 0, np.rint(blocks / d[..., None]), F32(0))
-    s = d * q.sum(axis=-1, dtype=F32)  # integers below 2^24: exact in any order
+    a = np.abs(blocks)
+    d = np.maximum.reduce(np.ascontiguousarray(a.reshape(-1, 32).T), axis=0).reshape(t, k // 32)
+    d /= F32(127)
+    if ((d > 0) & (d < F32(np.inf))).all():  # no 0 / 0 or inf / inf: divide and round in place
+        q = np.divide(blocks, d[..., None], out=a)
+        np.rint(q, out=q)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(d[..., None] > 0, np.rint(blocks / d[..., None]), F32(0))
+    s = d * (q @ _ONES)  # exact in any order
     return q.reshape(t, k), d, s
 
 
