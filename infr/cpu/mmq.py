@@ -262,20 +262,29 @@ def matmul(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: Lanes) -> np.ndarray:
 
     step = n if n <= 2 * _COLS else _COLS
 
-    def part(lo: int, hi: int) -> None:  # y[:, lo:hi], lo and hi on span bounds
-        for c0 in range(lo, hi, step):  # a * the exact integer sums, a chunk at a time
-            c1 = min(hi, c0 + step)
-            np.matmul(xg, w.q[:, :, c0:c1], out=out[:, :, c0:c1])
-            out[:, :, c0:c1] *= w.a[:, None, c0:c1]
+    def rows(lo: int, hi: int) -> None:  # y[:, lo:hi] from isum, lo and hi on span bounds
         for s0 in range(lo, hi, _SPAN):  # per row [1, groups] @ [groups, span]
             s1 = min(hi, s0 + _SPAN)
             y[:, s0:s1] = np.matmul(c[:, None, :], isum[:, :, s0:s1])[:, 0]
             if w.m is not None:
                 y[:, s0:s1] += np.matmul(s[:, None, :], w.m[:, s0:s1])[:, 0]
 
+    def part(lo: int, hi: int) -> None:  # y[:, lo:hi]
+        for c0 in range(lo, hi, step):  # a * the exact integer sums, a chunk at a time
+            c1 = min(hi, c0 + step)
+            np.matmul(xg, w.q[:, :, c0:c1], out=out[:, :, c0:c1])
+            out[:, :, c0:c1] *= w.a[:, None, c0:c1]
+        rows(lo, hi)
+
     pool = _helper() if t > 1 and n > _SPAN else None  # a layer's columns split too: slower
-    if pool is None:
-        part(0, n)
+    if pool is None:  # one pass after another, as ever: no slower for a lone row (the same bits)
+        if n <= 2 * _COLS:
+            np.matmul(xg, w.q, out=out)
+        else:
+            for c0 in range(0, n, _COLS):
+                np.matmul(xg, w.q[:, :, c0 : c0 + _COLS], out=out[:, :, c0 : c0 + _COLS])
+        isum *= w.a
+        rows(0, n)  # by the same spans as below: a row's sums alike alone or batched, on any BLAS
     else:  # whole spans to each thread
         mid = (n // _SPAN + 1) // 2 * _SPAN
         job = pool.submit(part, mid, n)
