@@ -15,7 +15,7 @@ Why it is independent of the batch: the lanes and activation q are small integer
 and a group's 32 products and every partial sum stay below 2^24, so BLAS's sums of them are exact
 whatever its blocking, for any number of rows (one batched sgemm over the groups computes isum of
 every row at once and reads each weight once). The floating-point steps after it are elementwise
-(a * isum), or a per-row product of one fixed shape, [1, groups] @ [groups, N] (one BLAS call per
+(a * isum), or per-row products of fixed shapes, [1, groups] @ [groups, span of N] (BLAS calls per
 row, the same call whatever the batch), so a row's float sums run in one order alone or batched.
 
 The lanes are cached at load as float32 [groups, G, N] (as large as the dequantized float32 matrix)
@@ -24,6 +24,7 @@ with a and m as float32 [groups, N].
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -184,15 +185,28 @@ def lanes(raw: np.ndarray, qtype, shape: tuple[int, ...]) -> Lanes:
     return Lanes(q, a, m, g)
 
 
+_ONES = np.ones(32, F32)
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x [T, K] rounded to 8 bits per 32 values as infr.numerics.quantize_q8 does: (q [T, K] float32
-    integers, d [T, K / 32], s = d * sum(q) [T, K / 32]); q * d is quantize_q8(x) bit for bit."""
+    integers, d [T, K / 32], s = d * sum(q) [T, K / 32]); q * d is quantize_q8(x) bit for bit.
+
+    The same values by cheaper calls (2-3x at 8 rows; it runs once per matmul input a step): numpy
+    reduces a 32-value last axis slowly, so the block maxima reduce over a transposed copy (a max
+    is exact in any order), and sum(q), integers below 2^24, is a product with ones."""
     t, k = x.shape
     blocks = np.asarray(x, F32).reshape(t, k // 32, 32)
-    d = np.max(np.abs(blocks), axis=-1) / F32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(d[..., None] > 0, np.rint(blocks / d[..., None]), F32(0))
-    s = d * q.sum(axis=-1, dtype=F32)  # integers below 2^24: exact in any order
+    a = np.abs(blocks)
+    d = np.maximum.reduce(np.ascontiguousarray(a.reshape(-1, 32).T), axis=0).reshape(t, k // 32)
+    d /= F32(127)
+    if ((d > 0) & (d < F32(np.inf))).all():  # no 0 / 0 or inf / inf: divide and round in place
+        q = np.divide(blocks, d[..., None], out=a)
+        np.rint(q, out=q)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(d[..., None] > 0, np.rint(blocks / d[..., None]), F32(0))
+    s = d * (q @ _ONES)  # exact in any order
     return q.reshape(t, k), d, s
 
 
@@ -202,23 +216,78 @@ def dequantized(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     return (q.reshape(t, k // 32, 32) * d[..., None]).reshape(t, k)
 
 
-_COLS = 2048
+_COLS = 2048  # columns of one integer product (OpenBLAS packs a whole [G, N] block per product otherwise)
+_SPAN = 24576  # columns of one per-row product: a fixed split of N, whatever the batch (see matmul)
+
+_pool = None  # one helper thread, made on first use: numpy releases the GIL in its products
+_pool_lock = threading.Lock()
+
+
+def _helper():
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None and _cpus() > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _pool = ThreadPoolExecutor(1, thread_name_prefix="mmq")
+    return _pool
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def matmul(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: Lanes) -> np.ndarray:
-    """Rows (q, d, s of `quantize`) times the weight: [T, N] float32, each row as it is alone."""
+    """Rows (q, d, s of `quantize`) times the weight: [T, N] float32, each row as it is alone.
+
+    A wide weight (a head's 49152 columns) goes by chunks of _COLS, each chunk's integer sums scaled
+    by a at once, while in cache (a separate pass over the [T, groups, N] array cost ~3 ms of the
+    8-row step). The float steps keep the shapes they have alone: a * isum is elementwise, and the
+    per-row products take fixed spans of N (_SPAN: all of N up to _SPAN, a head in two), the same
+    calls for every batch. (OpenBLAS sums such a product in one order from ~24576 columns up and
+    in another below: spans of 24576 give the head the very bits of one 49152-column call.)
+    Which thread runs a span changes no sum: with more than one row a wide weight's spans split
+    between two threads (SmolLM2's 8-row head in the engine: median 20.6 -> 15.3 ms; a lone row is
+    bound by memory and stays on one)."""
     t = q.shape[0]
     ng, g, n = w.q.shape
     isum = np.empty((t, ng, n), F32)  # one row's groups contiguous: its slice is the same array at any T
     xg, out = q.reshape(t, ng, g).transpose(1, 0, 2), isum.transpose(1, 0, 2)
-    if n <= 2 * _COLS:
-        np.matmul(xg, w.q, out=out)  # exact integers
-    else:  # a head's 49152 columns: by 2048 (OpenBLAS packs a whole [G, N] block per product otherwise)
-        for c in range(0, n, _COLS):
-            np.matmul(xg, w.q[:, :, c : c + _COLS], out=out[:, :, c : c + _COLS])
-    isum *= w.a  # a * isum, elementwise
     c = d if g == 32 else np.repeat(d, 32 // g, axis=1)  # the activation scale of each group
-    y = np.matmul(c[:, None, :], isum)[:, 0]  # per row [1, groups] @ [groups, N]
-    if w.m is not None:
-        y += np.matmul(s[:, None, :], w.m)[:, 0]
+    y = np.empty((t, n), F32)
+
+    step = n if n <= 2 * _COLS else _COLS
+
+    def rows(lo: int, hi: int) -> None:  # y[:, lo:hi] from isum, lo and hi on span bounds
+        for s0 in range(lo, hi, _SPAN):  # per row [1, groups] @ [groups, span]
+            s1 = min(hi, s0 + _SPAN)
+            y[:, s0:s1] = np.matmul(c[:, None, :], isum[:, :, s0:s1])[:, 0]
+            if w.m is not None:
+                y[:, s0:s1] += np.matmul(s[:, None, :], w.m[:, s0:s1])[:, 0]
+
+    def part(lo: int, hi: int) -> None:  # y[:, lo:hi]
+        for c0 in range(lo, hi, step):  # a * the exact integer sums, a chunk at a time
+            c1 = min(hi, c0 + step)
+            np.matmul(xg, w.q[:, :, c0:c1], out=out[:, :, c0:c1])
+            out[:, :, c0:c1] *= w.a[:, None, c0:c1]
+        rows(lo, hi)
+
+    pool = _helper() if t > 1 and n > _SPAN else None  # a layer's columns split too: slower
+    if pool is None:  # one pass after another, as ever: no slower for a lone row (the same bits)
+        if n <= 2 * _COLS:
+            np.matmul(xg, w.q, out=out)
+        else:
+            for c0 in range(0, n, _COLS):
+                np.matmul(xg, w.q[:, :, c0 : c0 + _COLS], out=out[:, :, c0 : c0 + _COLS])
+        isum *= w.a
+        rows(0, n)  # by the same spans as below: a row's sums alike alone or batched, on any BLAS
+    else:  # whole spans to each thread
+        mid = (n // _SPAN + 1) // 2 * _SPAN
+        job = pool.submit(part, mid, n)
+        part(0, mid)
+        job.result()
     return y
