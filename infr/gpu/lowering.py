@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infr.gguf_file import GGUFFile
+from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
@@ -219,6 +220,8 @@ class Lowering:
             y = self.target(op.dst)
             return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
         if isinstance(op, MoE):
+            if op.layer in be.host_moe:  # cpu_moe: the experts run on the host (infr/gpu/host_moe.py)
+                return [HM.HostMoE(self, op)]
             return KMoE.moe_dispatches(self, op)
         if isinstance(op, SigmoidGate):
             return KMoE.sigmoid_gate(self, op)
