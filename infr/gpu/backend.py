@@ -31,12 +31,12 @@ from infr.gguf_file import GGUFFile
 from infr.kvpool import KVBudget, store_sizes
 from infr.memory import free_device_bytes
 from infr.numerics import check_supported, has_penalties
+from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
-from infr.gpu import host_moe as HM
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
 from infr.gpu.device import Device, get_device
