@@ -206,3 +206,32 @@ def test_tiny_llama4_follows_the_cpu_reference(gpu, llama4_files, tune, weights,
     got = [first] + g.decode_greedy(first, 10, 30)
     assert_follows_greedy(c, prompt[:10], got)
     assert len(set(got)) > 2
+
+
+def test_tiny_llama4_batched_equals_alone_and_the_cpu_reference(gpu, llama4_files, monkeypatch):
+    """Through the engine, the family's chunk and temperature floor cut to 8 (the spec reads them
+    when the model loads): sequences of several lengths share steps, paged, each crossing chunk
+    boundaries, and give the tokens each gives alone and the CPU reference gives."""
+    from infr.engine import Model
+    from infr.models import llama4
+    from infr.sampling import SamplingParams
+    from infr.scheduler import Request
+
+    monkeypatch.setattr(llama4, "CHUNK", 8)
+    monkeypatch.setattr(llama4, "TEMPERATURE", replace(llama4.TEMPERATURE, floor_scale=8))
+    prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
+    greedy = SamplingParams(temperature=0.0)
+
+    def go(model, ps, **kw):
+        reqs = [model.engine.submit(Request(list(p), greedy, max_new=12, ignore_eos=True, **kw)) for p in ps]
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+        return [r.output for r in reqs]
+
+    on_gpu = Model(llama4_files["F32"], n_ctx=64, backend="gpu", parallel=len(prompts))
+    assert {la.attention.chunk for la in on_gpu.spec.layers} == {8, None}
+    together = go(on_gpu, prompts)
+    assert on_gpu.engine.stats.max_rows >= len(prompts)
+    alone = [go(on_gpu, [p], cache_prompt=False)[0] for p in prompts]
+    on_cpu = Model(llama4_files["F32"], n_ctx=64, backend="cpu", parallel=len(prompts))
+    assert together == alone == go(on_cpu, prompts)
