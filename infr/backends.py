@@ -60,11 +60,12 @@ def choose_backend(name: str) -> tuple[str, str | None]:
 
 
 def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks=None,
-                 max_seqs: int = 1, batch_tokens: int | None = None) -> "Backend":
+                 max_seqs: int = 1, batch_tokens: int | None = None, cpu_moe: int = 0) -> "Backend":
     """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build.
     `kv_blocks`: the KV store's size in blocks (default: one context), or a kvpool.KVBudget;
     `max_seqs`: sequences per step; `batch_tokens`: rows per step (with max_seqs, what sizes the
-    sliding-window layers' store: kvpool.store_sizes)."""
+    sliding-window layers' store: kvpool.store_sizes); `cpu_moe`: the GPU backend runs the experts
+    of the first cpu_moe MoE layers on the CPU (the CPU backend runs everything there already)."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
@@ -74,7 +75,7 @@ def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None,
 
     dev = get_device(flavor="dawn" if name == "dawn" else "wgpu")
     return GPUBackend(gf, plan, n_ctx, dev=dev, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs,
-                      batch_tokens=batch_tokens)
+                      batch_tokens=batch_tokens, cpu_moe=cpu_moe)
 
 
 class Backend(Protocol):

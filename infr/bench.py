@@ -56,7 +56,7 @@ FIELDS = (
 # kv_*: the KV pools' sizes and the most blocks in use at once over the model's tests; kv_window_*: the
 # sliding-window layers' pool (0 without such layers), whose blocks go back once past the window
 INFR_FIELDS = ("infr_backend", "device", "load_seconds", "command", "kv_blocks", "kv_blocks_peak",
-               "kv_window_blocks", "kv_window_blocks_peak")
+               "kv_window_blocks", "kv_window_blocks_peak", "n_cpu_moe")
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,9 @@ def model_path(ref: str) -> Path:
     return resolve(ref)
 
 
-def load_model(path: Path, backend: str, n_ctx: int):
-    """(Model, load seconds): the engine every test runs through (infr/engine.py)."""
+def load_model(path: Path, backend: str, n_ctx: int, cpu_moe: int = 0):
+    """(Model, load seconds): the engine every test runs through (infr/engine.py); `cpu_moe`: the
+    experts of the first cpu_moe MoE layers on the CPU."""
     from infr.backends import choose_backend
     from infr.engine import Model
 
@@ -127,7 +128,7 @@ def load_model(path: Path, backend: str, n_ctx: int):
     if note:
         print(f"infr: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    model = Model(path, n_ctx=n_ctx, backend=name)
+    model = Model(path, n_ctx=n_ctx, backend=name, cpu_moe=cpu_moe)
     return model, time.perf_counter() - t0
 
 
@@ -339,6 +340,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("--no-warmup", action="store_true", help="time every run (no warm-up run is dropped)")
     ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
+    ap.add_argument("-ncmoe", "--cpu-moe", type=int, default=None,
+                    help="experts of the first N MoE layers on the CPU, as llama-bench's -ncmoe (env INFR_CPU_MOE)")
     ap.add_argument("-o", "--output", default="md", choices=["md", "csv", "json", "jsonl"])
     ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
     return ap
@@ -365,15 +368,16 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
                       parse_ints(args.n_depth, [0]))
     if not tests:
         raise InfrError("no test to run: every -p, -n and -pg is 0")
+    cpu_moe = cpu_moe_option(getattr(args, "cpu_moe", None))
     build_commit, build_number = build_info()
     command = " ".join(["python", "-m", "infr.bench"] + list(sys.argv[1:] if argv is None else argv))
     results = []
     for ref in args.model or ["smollm2"]:
         path = model_path(ref)
-        model, load_s = load_model(path, args.backend, max(t.n_ctx for t in tests))
+        model, load_s = load_model(path, args.backend, max(t.n_ctx for t in tests), cpu_moe)
         common = {"build_commit": build_commit, "build_number": build_number, "cpu_info": cpu_info(),
                   **model_info(path, model.gguf, model.plan), **backend_info(model.backend, model.backend_name),
-                  "load_seconds": round(load_s, 3), "command": command}
+                  "load_seconds": round(load_s, 3), "command": command, "n_cpu_moe": cpu_moe}
         for test in tests:
             samples = time_test(model, test, args.repetitions, warmup=not args.no_warmup)
             record = {**common, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
@@ -383,6 +387,20 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
             print(f"infr: {path.name} {test.name}: {record['avg_ts']:.2f} t/s", file=sys.stderr)
         del model
     return results
+
+
+def cpu_moe_option(flag: int | None) -> int:
+    """--cpu-moe, else INFR_CPU_MOE, else 0."""
+    value = flag
+    if value is None and os.environ.get("INFR_CPU_MOE") not in (None, ""):
+        try:
+            value = int(os.environ["INFR_CPU_MOE"])
+        except ValueError:
+            raise InfrError(f"INFR_CPU_MOE={os.environ['INFR_CPU_MOE']!r} is not a valid int") from None
+    value = value or 0
+    if value < 0:
+        raise InfrError(f"--cpu-moe must be >= 0, got {value}")
+    return value
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ RUN_OPTIONS = {
     "max_new": ("INFR_MAX_NEW", int, 512),
     "ctx": ("INFR_CTX", int, 4096),
     "backend": ("INFR_BACKEND", str, "auto"),
+    "cpu_moe": ("INFR_CPU_MOE", int, 0),  # experts of the first N MoE layers on the CPU (llama.cpp's --n-cpu-moe)
 }
 
 
@@ -100,9 +101,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     ).validate()
     if opts["max_new"] < 0:
         raise InfrError(f"--max-new must be >= 0, got {opts['max_new']}")
+    if opts["cpu_moe"] < 0:
+        raise InfrError(f"--cpu-moe must be >= 0, got {opts['cpu_moe']}")
     path = resolve(model_ref)
     t0 = time.perf_counter()
-    model = Model(path, n_ctx=opts["ctx"], backend=opts["backend"])
+    model = Model(path, n_ctx=opts["ctx"], backend=opts["backend"], cpu_moe=opts["cpu_moe"])
     if model.backend_note:
         print(f"infr: {model.backend_note}", file=sys.stderr)
     print(f"infr: loaded {path.name} on {model.backend_name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

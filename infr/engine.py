@@ -55,10 +55,11 @@ class Stats:
 class Model:
     """A loaded model. `parallel`: sequences the engine runs at once; `kv_tokens`: the KV pool's
     capacity in tokens (default: n_ctx for each of them), or a kvpool.KVBudget (a fraction of the
-    memory free after the weights); `batch_tokens`: rows per step at most."""
+    memory free after the weights); `batch_tokens`: rows per step at most; `cpu_moe`: the experts of the
+    first cpu_moe MoE layers stay in host memory and run on the CPU (llama.cpp's --n-cpu-moe)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
-                 parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512):
+                 parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512, cpu_moe: int = 0):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -75,6 +76,8 @@ class Model:
             raise InfrError(f"context size must be positive, got {n_ctx}")
         if parallel < 1:
             raise InfrError(f"parallel must be at least 1, got {parallel}")
+        if cpu_moe < 0:
+            raise InfrError(f"cpu_moe must be 0 or more MoE layers, got {cpu_moe}")
         self.n_ctx = n_ctx
         kv_tokens = kv_tokens if kv_tokens is not None else n_ctx * parallel
         if isinstance(kv_tokens, KVBudget):  # a fraction of free memory: the backend sizes it after the weights
@@ -86,7 +89,7 @@ class Model:
         self.backend_name, self.backend_note = choose_backend(backend)
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
         self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
-                                    kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens)
+                                    kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens, cpu_moe=cpu_moe)
         self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
         self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
         # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`

@@ -1,9 +1,8 @@
 // Causal attention of this batch's queries over the f16 KV cache.
 // One workgroup per (query head, batch row): dispatch (n_heads, T, 1). Row t
 // sits at position rows[2t] of its sequence (slot rows[2t + 1]) and sees that
-// sequence's keys [max(0, pos - window + 1), pos] (window 0 = all): the reference
-// masks q_pos - k_pos >= window. Keys are read at their cache rows through the
-// block table (paging.wgsl); a padding row (t >= state[1]) writes zeros.
+// sequence's keys [key_lo(pos), pos] (attn_common: sliding window and chunk).
+// Keys are read at their cache rows through the block table (paging.wgsl); a padding row (t >= state[1]) writes zeros.
 // GQA: query head h reads kv head h / (n_heads / kv_heads).
 //
 // Like the reference (and llama.cpp's non-flash path) q is rounded to f16, and

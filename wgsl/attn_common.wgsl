@@ -3,7 +3,8 @@
 // (infr/gpu/kernels_misc.py pack_attention). Row t of the batch is live when
 // t < state[1]; it sits at position rows[2t] of sequence slot rows[2t + 1] and
 // sees that sequence's keys [key_lo(pos), pos] (the reference masks
-// q_pos - k_pos >= window; window 0 = none). A padding row sees no keys and its
+// q_pos - k_pos >= window, window 0 = none, and, in chunked attention (llama4),
+// keys before floor(pos / chunk) * chunk, chunk 0 = none). A padding row sees no keys and its
 // output is written as zeros. Every including kernel declares `state` and `rows`.
 
 struct Params {
@@ -17,6 +18,7 @@ struct Params {
     n_ctx: u32,      // row stride of the split-K scores scratch
     max_chunks: u32, // row stride of the split-K stats / partial outputs
     blocks_per_seq: u32,  // block table entries per sequence slot (paging.wgsl)
+    chunk: u32,      // 0 = no chunked attention
 }
 
 const NEG_BIG: f32 = -3.0e38;  // finite "minus infinity": no inf - inf anywhere
@@ -35,11 +37,15 @@ fn halves(w: u32) -> vec2<f32> {
     return unpack2x16float(w);
 }
 
-fn key_lo(pos: u32, window: u32) -> u32 {
+fn key_lo(pos: u32, window: u32, chunk: u32) -> u32 {
+    var lo = 0u;
     if (window > 0u && pos + 1u > window) {
-        return pos + 1u - window;
+        lo = pos + 1u - window;
     }
-    return 0u;
+    if (chunk > 0u) {
+        lo = max(lo, pos / chunk * chunk);
+    }
+    return lo;
 }
 
 // Scale and soft-cap a raw q . k.
@@ -70,7 +76,7 @@ fn row_keys(t: u32) -> RowKeys {
         return RowKeys(0u, 0u, 0u);
     }
     let pos = rows[2u * t];
-    return RowKeys(key_lo(pos, params.window), pos + 1u, rows[2u * t + 1u] * params.blocks_per_seq);
+    return RowKeys(key_lo(pos, params.window, params.chunk), pos + 1u, rows[2u * t + 1u] * params.blocks_per_seq);
 }
 
 // What split-K workgroup `wid` of attn_scores / attn_values works on (the

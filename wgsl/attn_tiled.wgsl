@@ -8,7 +8,7 @@
 // multiply V, which needs each row's final max and sum: pass 1 walks the tiles
 // keeping an online (max, sum) per invocation (merged per row at the end),
 // pass 2 walks them again, p = f16(exp(s - max) / sum), and lane kj of row qi
-// accumulates VD/4/BK vec4 columns of p . V. Causal and sliding-window masks
+// accumulates VD/4/BK vec4 columns of p . V. Causal, sliding-window and chunk masks
 // per query; the block walks the union of its queries' key ranges.
 //
 // Rows carry their own position and sequence slot (attn_common). The tiles are
@@ -128,7 +128,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var e = r; e < nq; e++) {
             if (rows[2u * (t0 + e) + 1u] == slot) {
                 let p = rows[2u * (t0 + e)];
-                blk_lo = min(blk_lo, key_lo(p, params.window));
+                blk_lo = min(blk_lo, key_lo(p, params.window, params.chunk));
                 blk_hi = max(blk_hi, p + 1u);
             }
         }

@@ -31,6 +31,7 @@ from infr.gguf_file import GGUFFile
 from infr.kvpool import KVBudget, store_sizes
 from infr.memory import free_device_bytes
 from infr.numerics import check_supported, has_penalties
+from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
@@ -57,9 +58,11 @@ class GPUBackend(Graphs):
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
                  progress=None, kv_blocks: "int | KVBudget | None" = None, block_size: int = KS.BLOCK_SIZE,
-                 max_seqs: int = MAX_SEQS, batch_tokens: int | None = None):
+                 max_seqs: int = MAX_SEQS, batch_tokens: int | None = None, cpu_moe: int = 0):
         """`batch_tokens`: the engine's rows a step; given, the sliding-window layers' store is
-        sized for max_seqs sequences' windows (kvpool.store_sizes), else as large as the full one."""
+        sized for max_seqs sequences' windows (kvpool.store_sizes), else as large as the full one.
+        `cpu_moe`: the experts of the first cpu_moe MoE layers stay in host memory and run on the
+        CPU reference (infr/gpu/host_moe.py)."""
         self.gf, self.plan, self.n_ctx = gf, plan, n_ctx
         self.block_size, self.max_seqs, self.batch_tokens = block_size, max_seqs, batch_tokens
         self.kv_blocks = kv_blocks  # the KV store's size in blocks (None: one context's worth; a KVBudget: free VRAM's)
@@ -69,10 +72,14 @@ class GPUBackend(Graphs):
         self.kern = kernels or _shared_kernels(self.dev)
         for name in plan.weights():
             check_supported(gf.tensor(name))
+        self.host_moe = HM.host_layers(plan, cpu_moe)  # layers whose experts run on the host
+        host_banks = HM.host_banks(plan, self.host_moe)
+        if self.host_moe:
+            self.multi_step = 1  # a host round trip every step: the engine calls step(), one at a time
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
         self.vram = 0
         self._progress = progress  # optional callable(stage, done, total): load progress bars (infr/notebook.py)
-        weight_bytes = sum(gf.tensor(n).nbytes for n in plan.weights())
+        weight_bytes = sum(gf.tensor(n).nbytes for n in plan.weights() if n not in host_banks)
         # Matmuls sharing their input (q, k, v) run as one GEMV over their rows stacked at upload.
         self.stacks = find_stacks(plan, gf, self.dev.max_binding)
         stacked = {name for names in self.stacks for name in names}
@@ -88,7 +95,7 @@ class GPUBackend(Graphs):
                          for n, b in zip(names, biases)]
                 self.stack_bias[names] = storage(self.dev, np.concatenate(parts), label="stacked bias")
         for name in plan.weights():
-            if name in stacked:
+            if name in stacked or name in host_banks:
                 continue
             t = gf.tensor(name)
             if name in plan.expert_banks:  # by expert ranges; the router picks experts on the GPU
@@ -232,11 +239,10 @@ class GPUBackend(Graphs):
         far = self._far(int(np.max(positions[:n])), 1, T, decode)
         body, head, x_buf = self._graph(T, n_logits, far, decode)
         timer = profile.timer_for(self.dev)
-        if timer is not None and len(body) + len(head) + 2 > timer.room:
-            timer = None  # too many dispatches for one query set: this call goes untimed
+        if timer is not None and (len(body) + len(head) + 2 > timer.room or isinstance(body, HM.HostRecording)):
+            timer = None  # too many dispatches for one query set, or host steps: this call goes untimed
         with profile.HostClock(timer, "encode"):
-            enc = self.dev.device.create_command_encoder()
-            _encode(enc, body, timer)
+            enc = self._encode_body(self.dev.device.create_command_encoder(), body, timer, n)
             if n_logits:
                 if n_logits != T:  # the head runs on the last live rows only
                     width = self.plan.spec.n_embd * 4
@@ -252,6 +258,22 @@ class GPUBackend(Graphs):
         with profile.HostClock(timer, "wait"):
             raw = np.frombuffer(q.read_buffer(logits_buf, 0, n_logits * vocab * 4), np.float32)
         return raw.reshape(n_logits, vocab).copy()
+
+    def _encode_body(self, enc, body, timer, n: int):
+        """The graph body into enc; the encoder to go on in. A body with host MoE steps (cpu_moe)
+        submits what precedes each step, runs it on the first n rows (the live ones) and goes on in
+        a new encoder."""
+        if not isinstance(body, HM.HostRecording):
+            _encode(enc, body, timer)
+            return enc
+        for part in body.parts:
+            if isinstance(part, HM.HostMoE):
+                self.dev.device.queue.submit([enc.finish()])
+                part.run(self.dev, n)
+                enc = self.dev.device.create_command_encoder()
+            else:
+                _encode(enc, part)
+        return enc
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -304,11 +326,11 @@ class GPUBackend(Graphs):
             on_gpu = {i for i, o in enumerate(outs) if not o.want_logits and (
                 (_gpu_greedy(o) and (o.mask is None or i in masked)) or i in drawn)}
         timer = profile.timer_for(self.dev)
-        if timer is not None and len(body) + len(head) + len(tail) + 5 > timer.room:
-            timer = None  # too many dispatches for one query set: this step goes untimed
-        enc = self.dev.device.create_command_encoder()
+        if timer is not None and (len(body) + len(head) + len(tail) + 5 > timer.room
+                                  or isinstance(body, HM.HostRecording)):
+            timer = None  # too many dispatches for one query set, or host steps: this step goes untimed
         with profile.HostClock(timer, "encode"):
-            _encode(enc, body, timer)
+            enc = self._encode_body(self.dev.device.create_command_encoder(), body, timer, n)
         if not L:
             with profile.HostClock(timer, "submit"):
                 q.submit([profile.finish_encoder(enc, timer, T)])
@@ -387,6 +409,9 @@ class GPUBackend(Graphs):
         blocks for every position the k steps write. Bad input raises here, at the call."""
         L = batch.rows
         outs = batch.outputs
+        if self.host_moe:
+            raise InfrError("decode_steps keeps tokens on the GPU, which a model with experts on the CPU "
+                            "(cpu_moe) cannot: run step() (multi_step is 1)")
         if L != len(outs) or [o.row for o in outs] != list(range(L)):
             raise InfrError("decode_steps runs a batch whose every row is an output row, in order")
         if any(o.mask is not None or o.want_logits or o.sampler is not None or has_penalties(o.params)
@@ -470,6 +495,11 @@ class GPUBackend(Graphs):
             raise InfrError(f"at most {TOKEN_LOG} greedy tokens per call")
         if n <= 0:
             return []
+        if self.host_moe:  # host steps in every forward pass: one step at a time
+            out = [int(token)]
+            for i in range(n):
+                out.append(int(np.argmax(self.forward([out[-1]], start + i)[-1])))
+            return out[1:]
         batch = Batch.build([(0, [int(token)], start, list(range(self.blocks_per_seq)), start)],
                             [OutputRow(0, SamplingParams(temperature=0.0))])
         return [row[0] for row in self.decode_steps(batch, n, per_submit=per_submit)]

@@ -9,6 +9,7 @@ sees more than split_from keys (split-K attention; the same graph where T has on
 
 from __future__ import annotations
 
+from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_misc as KS
 from infr.gpu.lowering import Lowering
@@ -127,7 +128,7 @@ class Graphs:
                 lower.ahead = self.plan.head[j + 1] if j + 1 < len(self.plan.head) else None
                 head += lower.op(op)
         logits = lower.current("logits") if n_logits else None
-        body, head = Recording(body), Recording(head)  # prepared once, re-encoded every call
+        body, head = HM.recording(body), Recording(head)  # prepared once, re-encoded every call
         self._graphs[key] = (body, head, x_buf, logits)
         while len(self._graphs) > SHAPE_CACHE:
             self._graphs.popitem(last=False)

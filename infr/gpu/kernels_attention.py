@@ -150,7 +150,7 @@ def _check(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> None:
 def split_dispatches(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, scratch: SplitScratch, n_heads: int, kv_heads: int,
     head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
-    parallel: int | None = None, kv_min: int = 0, xq=None,
+    parallel: int | None = None, kv_min: int = 0, xq=None, chunk: int | None = None,
 ) -> list[Dispatch]:
     """Split-K attention for T rows, each at its own position of its own sequence
     (pg; positions below scratch.n_ctx); `parallel` workgroups along the chunks
@@ -160,7 +160,7 @@ def split_dispatches(
         raise ValueError(f"split-K attention needs v_head_dim <= {4 * SPLIT_WG}")
     hg, C, mc = heads_per_group(n_heads, kv_heads), scratch.chunk, scratch.max_chunks
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, scratch.n_ctx, mc,
-                             pg.blocks_per_seq)
+                             pg.blocks_per_seq, chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     P = parallel or split_parallel(mc, n_heads // hg, T)
     grid = (min(P, mc), n_heads // hg, T)
@@ -182,7 +182,7 @@ def split_dispatches(
 
 def tiled_dispatch(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
-    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
+    v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, chunk: int | None = None,
 ) -> Dispatch:
     """Prefill attention for T rows, 16 queries of one head per workgroup (any
     rows; a block of 16 rows of one sequence walks its keys once)."""
@@ -192,7 +192,7 @@ def tiled_dispatch(
     pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
                             KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
-                             blocks_per_seq=pg.blocks_per_seq)
+                             blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
                     (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
@@ -228,7 +228,7 @@ def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = N
 def attention_dispatches(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, scratch_of, n_heads: int, kv_heads: int,
     head_dim: int, v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int,
-    n_ctx: int | None = None, xq=None, span: str | None = None, decode: bool = False,
+    n_ctx: int | None = None, xq=None, span: str | None = None, decode: bool = False, chunk: int | None = None,
 ) -> list[Dispatch]:
     """The attention lowering for a batch of T rows in a context of n_ctx
     (None: long; `decode`: see attention_mode). `scratch_of()` returns the
@@ -242,23 +242,26 @@ def attention_dispatches(
     alone), "far" (some row sees more: split-K alone), or None (either: both
     kernels, and each row's length in `rows` idles one of them for that row,
     ~7.5 µs a layer on the H200). The backend knows each step's length on the host and keeps one graph
-    per span; either graph is right at any length, only slower."""
+    per span; either graph is right at any length, only slower. `chunk`: chunked attention (llama4),
+    every kernel masking the keys before the row's chunk."""
     args = (n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap, T)
     mode = attention_mode(T, head_dim, v_head_dim, n_ctx, decode)
     if mode == "switch" and span is not None:
         mode = "one_pass" if span == "near" else "split"
     if mode == "one_pass":
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq)]
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq, chunk=chunk)]
     if mode == "split":
-        return split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, xq=xq)
+        return split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, xq=xq, chunk=chunk)
     if mode == "switch":
         near = split_from()
-        split = split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, kv_min=near, xq=xq)
-        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, kv_max=near, xq=xq)] + split
+        split = split_dispatches(kernels, q, kcache, vcache, out, pg, scratch_of(), *args, kv_min=near, xq=xq,
+                                 chunk=chunk)
+        return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, kv_max=near, xq=xq,
+                                      chunk=chunk)] + split
     if mode == "tiled":
-        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args)]
+        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args, chunk=chunk)]
     else:
-        out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq)]
+        out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq, chunk=chunk)]
         xq = None
     if xq is not None:
         K = n_heads * v_head_dim

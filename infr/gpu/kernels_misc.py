@@ -106,15 +106,18 @@ def pack_kv_store(kv_heads: int, head_dim: int, v_head_dim: int, blocks_per_seq:
 
 def pack_attention(
     n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, scale: float, window: int | None,
-    softcap: float | None, n_ctx: int = 0, max_chunks: int = 0, blocks_per_seq: int = 1,
+    softcap: float | None, n_ctx: int = 0, max_chunks: int = 0, blocks_per_seq: int = 1, chunk: int | None = None,
 ) -> bytes:
     """wgsl/attn_common.wgsl Params, shared by every attention kernel (n_ctx and
-    max_chunks: the split-K scratch strides; blocks_per_seq: the block table's)."""
+    max_chunks: the split-K scratch strides; blocks_per_seq: the block table's; chunk: chunked
+    attention's chunk, None or 0 for none)."""
+    if chunk is not None and chunk < 0:
+        raise ValueError(f"attention chunk must be positive, got {chunk}")
     return _pack([
         ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
         ("v_head_dim", "u32", v_head_dim), ("scale", "f32", scale), ("window", "u32", window or 0),
         ("softcap", "f32", softcap or 0.0), ("n_ctx", "u32", n_ctx), ("max_chunks", "u32", max_chunks),
-        ("blocks_per_seq", "u32", blocks_per_seq),
+        ("blocks_per_seq", "u32", blocks_per_seq), ("chunk", "u32", chunk or 0),
     ])
 
 
@@ -202,6 +205,7 @@ def kv_store_dispatch(
 def attention_dispatch(
     kernels: Kernels, q, kcache, vcache, out, pg: Paging, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     scale: float, window: int | None, softcap: float | None, T: int, params=None, kv_max: int = 0, xq=None,
+    chunk: int | None = None,
 ) -> Dispatch:
     """One workgroup per (head, row) over all the keys of the row's sequence;
     kv_max > 0: idle for rows that see more keys (split-K takes those). `xq`: the
@@ -213,7 +217,7 @@ def attention_dispatch(
     pipe = kernels.pipeline("attention", "main", KV_MAX=kv_max, BS=pg.block_size,
                             **q8_out_consts(xq, n_heads, v_head_dim, 8))
     data = pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
-                          blocks_per_seq=pg.blocks_per_seq)
+                          blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = _params(kernels, data, params, "attention")
     res = [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table] + ([xq] if xq is not None else [])
     return Dispatch(pipe, kernels.bind(pipe, res), (n_heads, T, 1), "attention")
@@ -258,6 +262,28 @@ def softcap_dispatch(kernels: Kernels, x, n: int, cap: float, params=None) -> Di
     p = _params(kernels, pack_elementwise(n, cap), params, "softcap")
     return Dispatch(pipe, kernels.bind(pipe, [p, x]), _flat_groups(kernels, n), "softcap")
 
+
+
+def query_temp_dispatch(kernels: Kernels, x, tau, rows, width: int, n_pos: int, T: int, params=None) -> Dispatch:
+    """x [T, width] *= tau[position of each row] in place (llama4's query temperature): tau holds
+    n_pos per-position factors, made on the host (query_temp_table)."""
+    if not 0 < n_pos <= tau.size // 4:
+        raise ValueError(f"query temperature table of {tau.size // 4} values cannot hold {n_pos} positions")
+    pipe = kernels.pipeline("query_temp", "main")
+    p = _params(kernels, _pack([("width", "u32", width), ("n_pos", "u32", n_pos)]), params, "query_temp")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, tau, rows]), (-(-width // 64), T, 1), "query_temp")
+
+
+def query_temp_table(kernels: Kernels, temp, n_pos: int):
+    """The factors tau(0 .. n_pos - 1) of a QueryTemperature as a storage buffer: the CPU
+    reference's float32 values, so both backends scale q alike."""
+    return storage(kernels.dev, temp.factor(np.arange(n_pos)), label="query_temp.tau")
+
+
+def ones(kernels: Kernels, n: int):
+    """n float32 ones: the weight of a weightless RMSNorm (x * 1.0 is x, so the norm kernel's result
+    is the weightless norm's exactly)."""
+    return storage(kernels.dev, np.ones(n, np.float32), label="ones")
 
 ARGMAX_SLICE = 2048  # values per workgroup of the first argmax pass
 

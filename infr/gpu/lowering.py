@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infr.gguf_file import GGUFFile
+from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
@@ -21,7 +22,8 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.ops import Add, Attention, Embed, GatedAct, MatMul, MoE, RMSNorm, Rope, SigmoidGate, Softcap, StoreKV
+from infr.ops import (Add, Attention, Embed, GatedAct, MatMul, MoE, QueryTemp, RMSNorm, Rope, SigmoidGate, Softcap,
+                      StoreKV)
 from infr.plan import Plan
 
 if TYPE_CHECKING:
@@ -170,7 +172,7 @@ class Lowering:
         if isinstance(op, RMSNorm):
             x = self.current(op.src)
             y = self.target(op.dst, op.src)
-            g = be.weights[op.weight][0]
+            g = be.weights[op.weight][0] if op.weight else _ones(be, op.group or w[op.src])
             if op.group in (None, w[op.src]) and self._feeds_gemv_q8(op.dst, w[op.src]):  # also rounded
                 d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, g, y, w[op.src], op.eps, T)
                 self.q8 = (y, w[op.src], xq)
@@ -201,7 +203,7 @@ class Lowering:
             ds = KA.attention_dispatches(self.k, q, be.k_cache[op.layer], be.v_cache[op.layer], out,
                                          be.kv.paging_of(op.layer), scratch, a.n_heads, a.n_kv_heads, a.head_dim,
                                          a.v_head_dim, a.scale, a.sliding_window, a.softcap, T, n_ctx=be.n_ctx,
-                                         xq=xq, span=self.span, decode=self.decode)
+                                         xq=xq, span=self.span, decode=self.decode, chunk=a.chunk)
             if xq is not None:
                 self.q8 = (out, K, xq)  # the o projection reads the rounded copy
             return ds
@@ -218,12 +220,28 @@ class Lowering:
             y = self.target(op.dst)
             return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
         if isinstance(op, MoE):
+            if op.layer in be.host_moe:  # cpu_moe: the experts run on the host (infr/gpu/host_moe.py)
+                return [HM.HostMoE(self, op)]
             return KMoE.moe_dispatches(self, op)
         if isinstance(op, SigmoidGate):
             return KMoE.sigmoid_gate(self, op)
+        if isinstance(op, QueryTemp):
+            n_pos = be.blocks_per_seq * be.block_size  # every position a row can hold
+            tau = be.__dict__.setdefault("_query_temp", {})
+            if op.temp not in tau:  # one table per temperature, made with the decode graph at load
+                tau[op.temp] = KS.query_temp_table(self.k, op.temp, n_pos)
+            return [KS.query_temp_dispatch(self.k, self.current(op.buf), tau[op.temp], be.rows, w[op.buf], n_pos, T)]
         if isinstance(op, Softcap):
             return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
         raise NotImplementedError(type(op).__name__)
+
+
+def _ones(be: GPUBackend, n: int):
+    """The weight of a weightless norm over groups of n values (llama4's q/k norm), one per width."""
+    cache = be.__dict__.setdefault("_ones", {})
+    if n not in cache:
+        cache[n] = KS.ones(be.kern, n)
+    return cache[n]
 
 
 def _reads_q8(t, q8: bool) -> bool:
@@ -234,8 +252,7 @@ def _reads_q8(t, q8: bool) -> bool:
 
 def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple]:
     """The plan's qkv groups that one buffer can hold: weight-name tuple -> bias names. A plan
-    with ops that have no GPU kernels yet (Plan.cpu_only: llama4's attention options) is
-    refused here, when the backend is made."""
+    with ops that have no GPU kernels yet (Plan.cpu_only) is refused here, when the backend is made."""
     if plan.cpu_only:
         from infr.errors import UnsupportedError
 

@@ -28,12 +28,15 @@ SERVE_OPTIONS = {
     "kv_size": ("INFR_KV_SIZE", _kv_size, None),
     "backend": ("INFR_BACKEND", str, "auto"),
     "alias": ("INFR_MODEL_ALIAS", str, None),
+    "cpu_moe": ("INFR_CPU_MOE", int, 0),
 }
 
 
 _HELP = {
     "parallel": "sequences the engine runs at once (continuous batching) ",
     "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
+    "cpu_moe": "keep the experts of the first N MoE layers in host memory, run on the CPU (llama.cpp's "
+               "--n-cpu-moe) ",
     "kv_size": "KV cache capacity shared by all sequences: tokens, or a fraction of the memory free after the "
                "weights (0.9 or 90%%) (default: ctx x parallel) ",
 }
@@ -70,6 +73,8 @@ def config_from_args(args: argparse.Namespace):
         raise InfrError(f"--batch-tokens ({opts['batch_tokens']}) must be at least --parallel ({opts['parallel']})")
     if isinstance(opts["kv_size"], int) and opts["kv_size"] < 32:
         raise InfrError(f"--kv-size must be >= 32 tokens, got {opts['kv_size']}")
+    if opts["cpu_moe"] < 0:
+        raise InfrError(f"--cpu-moe must be >= 0, got {opts['cpu_moe']}")
     if opts["ctx"] < 16:
         raise InfrError(f"--ctx must be >= 16, got {opts['ctx']}")
     if not 0 <= opts["port"] <= 65535:
@@ -77,7 +82,7 @@ def config_from_args(args: argparse.Namespace):
     model = args.model or os.environ.get("INFR_MODEL") or None
     return Config(model=model, host=opts["host"], port=opts["port"], api_key=opts["api_key"], ctx=opts["ctx"],
                   parallel=opts["parallel"], batch_tokens=opts["batch_tokens"], kv_size=opts["kv_size"],
-                  backend=opts["backend"], model_alias=opts["alias"])
+                  backend=opts["backend"], model_alias=opts["alias"], cpu_moe=opts["cpu_moe"])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

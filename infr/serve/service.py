@@ -39,6 +39,7 @@ class Config:
     kv_size: "int | KVBudget | None" = None  # KV pool capacity: tokens or a fraction of free memory (default: ctx each)
     backend: str = "auto"
     model_alias: str | None = None
+    cpu_moe: int = 0  # experts of the first N MoE layers on the CPU (--cpu-moe)
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Service:
         t0 = time.perf_counter()
         cfg = self.config
         model = Model(path, n_ctx=cfg.ctx, backend=cfg.backend, parallel=cfg.parallel, kv_tokens=cfg.kv_size,
-                      batch_tokens=cfg.batch_tokens)
+                      batch_tokens=cfg.batch_tokens, cpu_moe=cfg.cpu_moe)
         self.grammars = Grammars(model.tokenizer, model.spec.n_vocab)
         self.names |= {path.name, path.stem, str(path)}
         if self.config.model:

@@ -90,6 +90,28 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     assert not errors, errors
 
 
+def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    """A tiny llama4 (weightless q/k norm, query temperature, chunked attention, MoE) through the engine."""
+    asked: set = set()
+    real = R.Kernels.pipeline
+
+    def record(self, name, entry="main", unchecked=False, **consts):
+        asked.add(_key(name, entry, consts))
+        return real(self, name, entry, unchecked, **consts)
+
+    monkeypatch.setattr(R.Kernels, "pipeline", record)
+    path = synth.write_gguf(synth.preset("tiny-llama4", weight_type="Q8_0"), tmp_path / "l4.gguf")
+    model = Model(path, n_ctx=64, backend="gpu", parallel=2)
+    reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
+                                        ignore_eos=True)) for n in (30, 5)]
+    model.engine.run_until(lambda: all(r.done for r in reqs))
+    assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+    names = {k[0] for k in asked}
+    assert {"query_temp", "rmsnorm", "attention", "attn_tiled", "moe_route"} <= names, names
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
 def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
     asked: set = set()
     rec = _Recorder(gpu, asked)
