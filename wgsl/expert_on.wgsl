@@ -6,18 +6,7 @@
 // or each pair has its own (the input scaled by its weight, llama4; the down projection).
 // ids is read-only and a is the workgroup's, so expert_skip is uniform (barriers follow).
 
-struct Experts {
-    e0: u32,
-    count: u32,
-    stride: u32,
-    stride2: u32,
-    base: u32,
-    base2: u32,
-    x_div: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(8) var<uniform> experts: Experts;
+// #include expert_params
 @group(0) @binding(9) var<storage, read> ids: array<u32>;
 
 // Pairs whose expert another binding holds (a bank split by expert ranges) leave at once.

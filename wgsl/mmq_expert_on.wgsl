@@ -6,18 +6,7 @@
 // reads row a / x_div) and stores output row a. Tile and experts are read-only or uniform at a
 // uniform index, so tile_skip is uniform (barriers follow).
 
-struct Experts {
-    e0: u32,
-    count: u32,
-    stride: u32,
-    stride2: u32,
-    base: u32,
-    base2: u32,
-    x_div: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(8) var<uniform> experts: Experts;
+// #include expert_params
 @group(0) @binding(9) var<storage, read> order: array<u32>;
 @group(0) @binding(10) var<storage, read> tiles: array<vec4<u32>>;
 

@@ -68,7 +68,8 @@ def _tint_errors(device, asked: set) -> str:
     return "\n\n".join(errors)
 
 
-def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+def _record_pipelines(monkeypatch) -> set:
+    """The (name, entry, consts) of every pipeline the engine asks for from now on (a set filled as it runs)."""
     asked: set = set()
     real = R.Kernels.pipeline
 
@@ -77,6 +78,11 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
         return real(self, name, entry, unchecked, **consts)
 
     monkeypatch.setattr(R.Kernels, "pipeline", record)
+    return asked
+
+
+def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    asked = _record_pipelines(monkeypatch)
     path = synth.write_gguf(synth.preset("tiny-llama", tokenizer="gpt2", weight_type="Q4_K_M"), tmp_path / "t.gguf")
     model = Model(path, n_ctx=128, backend="gpu", parallel=2)
     for sp in (SamplingParams(temperature=0.0),
@@ -92,14 +98,7 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
 
 def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
     """A tiny llama4 (weightless q/k norm, query temperature, chunked attention, MoE) through the engine."""
-    asked: set = set()
-    real = R.Kernels.pipeline
-
-    def record(self, name, entry="main", unchecked=False, **consts):
-        asked.add(_key(name, entry, consts))
-        return real(self, name, entry, unchecked, **consts)
-
-    monkeypatch.setattr(R.Kernels, "pipeline", record)
+    asked = _record_pipelines(monkeypatch)
     path = synth.write_gguf(synth.preset("tiny-llama4", weight_type="Q8_0"), tmp_path / "l4.gguf")
     model = Model(path, n_ctx=64, backend="gpu", parallel=2)
     reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
