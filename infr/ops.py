@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infr.models.spec import Activation, AttentionSpec, MoESpec, QueryTemperature, RopeSpec
+from infr.models.spec import Activation, AttentionSpec, DeltaNetSpec, MoESpec, QueryTemperature, RopeSpec
 
 
 @dataclass(frozen=True)
@@ -121,4 +121,52 @@ class SigmoidGate:
     weight: str
 
 
-Op = Embed | RMSNorm | MatMul | Rope | StoreKV | Attention | GatedAct | Add | Softcap | QueryTemp | MoE | SigmoidGate
+@dataclass(frozen=True)
+class HeadSlice:
+    """dst = part `part` of each head's 2 * head_dim values of src: rows laid out per head as
+    [first (head_dim) | second (head_dim)] (qwen35's attn_q: [q_h | gate_h])."""
+
+    dst: str
+    src: str
+    n_heads: int
+    head_dim: int
+    part: int  # 0: the first head_dim values of each head, 1: the second
+
+
+@dataclass(frozen=True)
+class SigmoidMul:
+    """buf *= sigmoid(gate), element by element (qwen35's gated attention output)."""
+
+    buf: str
+    gate: str
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """dst [T, n_v_heads * d_v] = a gated DeltaNet mixer's output before its output projection
+    (wave2-families.md section 2.3), from its projections already in env: qkv [T, conv_dim],
+    z (the output gate) [T, n_v_heads * d_v], beta and alpha [T, n_v_heads]. Token-serial per
+    sequence; each sequence keeps, per layer, the conv's last d_conv - 1 inputs and a d_k x d_v
+    matrix per V-head (the plan's RecurrentState). Weights: the conv [conv_dim, d_conv], dt bias
+    and a (-exp(A_log)) [n_v_heads], the gated norm [d_v]."""
+
+    dst: str
+    qkv: str
+    z: str
+    beta: str
+    alpha: str
+    layer: int
+    spec: DeltaNetSpec
+    conv: str
+    dt_bias: str
+    a: str
+    norm: str
+    eps: float  # of the L2 norms of q and k and of the gated RMSNorm
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return self.conv, self.dt_bias, self.a, self.norm
+
+
+Op = (Embed | RMSNorm | MatMul | Rope | StoreKV | Attention | GatedAct | Add | Softcap | QueryTemp | MoE | SigmoidGate
+      | HeadSlice | SigmoidMul | DeltaNet)

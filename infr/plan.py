@@ -15,9 +15,9 @@ from functools import cached_property
 
 from infr import fusion, numerics
 from infr.errors import InfrError
-from infr.models.spec import FFNSpec, LayerSpec, ModelSpec, MoESpec
-from infr.ops import (Add, Attention, Embed, GatedAct, MatMul, MoE, Op, QueryTemp, RMSNorm, Rope, SigmoidGate, Softcap,
-                      StoreKV)
+from infr.models.spec import DeltaNetSpec, FFNSpec, LayerSpec, ModelSpec, MoESpec
+from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Op, QueryTemp, RMSNorm, Rope,
+                      SigmoidGate, SigmoidMul, Softcap, StoreKV)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,24 @@ class KVState:
         return 2 * self.n_kv_heads * (self.head_dim + self.v_head_dim)
 
 
-LayerState = KVState  # recurrent state (conv + matrix per sequence) joins as another kind
+@dataclass(frozen=True)
+class RecurrentState:
+    """What one recurrent (DeltaNet) layer keeps per sequence, whatever its length: the conv's
+    last d_conv - 1 inputs [d_conv - 1, conv_dim] and a d_k x d_v matrix per V-head, f32. It
+    cannot be rewound: a sequence that resumes anywhere but where its state stands must start
+    again from position 0 (no prefix reuse)."""
+
+    layer: int
+    spec: DeltaNetSpec
+    window = None  # no KV blocks
+    bytes_per_token = 0
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return 4 * self.spec.state_floats
+
+
+LayerState = KVState | RecurrentState
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,20 @@ class Plan:
     @property
     def ops(self) -> tuple[Op, ...]:
         return self.embed + self.layers + self.head
+
+    @property
+    def kv(self) -> tuple[KVState, ...]:
+        """The layers that keep keys and values (the engine's KV blocks)."""
+        return tuple(st for st in self.state if isinstance(st, KVState))
+
+    @property
+    def recurrent(self) -> tuple[RecurrentState, ...]:
+        """The layers that keep a fixed-size recurrent state per sequence."""
+        return tuple(st for st in self.state if isinstance(st, RecurrentState))
+
+    @property
+    def recurrent_bytes_per_sequence(self) -> int:
+        return sum(st.bytes_per_sequence for st in self.recurrent)
 
     @property
     def window(self) -> int | None:
@@ -80,7 +111,13 @@ class Plan:
         """What in this plan has no GPU kernels yet (empty: the GPU backend can run it). Every op
         has them now (llama4's weightless q/k norm, query temperature and chunked attention
         included); an op added to the CPU reference first is named here until it does."""
-        return ()
+        first = {DeltaNet: "the DeltaNet mixer", HeadSlice: "gated attention", SigmoidMul: "gated attention"}
+        out: list[str] = []
+        for op in self.ops:
+            what = first.get(type(op))
+            if what and what not in out:
+                out.append(what)
+        return tuple(out)
 
     @cached_property
     def groups(self) -> tuple[fusion.Group, ...]:
@@ -102,7 +139,8 @@ class Plan:
         names: list[str] = []
         for op in self.ops:
             for name in (getattr(op, "table", None), getattr(op, "weight", None), getattr(op, "bias", None),
-                         getattr(getattr(op, "rope", None), "freq_factors", None), *getattr(op, "banks", ())):
+                         getattr(getattr(op, "rope", None), "freq_factors", None), *getattr(op, "banks", ()),
+                         *getattr(op, "tensors", ())):
                 if name and name not in names:
                     names.append(name)
         return names
@@ -123,6 +161,10 @@ def _width(op: Op, known: dict[str, int], spec: ModelSpec) -> int:
         return known[op.a]
     if isinstance(op, MoE):
         return spec.n_embd
+    if isinstance(op, HeadSlice):
+        return op.n_heads * op.head_dim
+    if isinstance(op, DeltaNet):
+        return op.spec.n_v_heads * op.spec.d_v
     return 0  # ops that write in place (Rope, Softcap) or write no value (StoreKV)
 
 
@@ -147,6 +189,13 @@ def check_shapes(plan: Plan, gf) -> None:
             shape = tuple(int(d) for d in gf.tensor(op.weight).shape)
             if shape != (now[op.src],):
                 raise InfrError(f"{op.weight} has shape {shape}, expected ({now[op.src]},)")
+        if isinstance(op, DeltaNet):
+            m = op.spec
+            for name, want in zip(op.tensors, ((m.conv_dim, m.d_conv), (m.n_v_heads,), (m.n_v_heads,), (m.d_v,))):
+                shape = tuple(int(d) for d in gf.tensor(name).shape)
+                if shape != want:
+                    raise InfrError(f"{name} has shape {shape}, but the model's metadata makes it {want}: "
+                                    f"a damaged or mislabelled GGUF")
         w = _width(op, now, plan.spec)
         if w:
             now[op.dst] = w
@@ -185,14 +234,15 @@ def build_plan(spec: ModelSpec) -> Plan:
     embed = (Embed("x", "token_embd.weight", spec.embed_scale),)
     layers: list[Op] = []
     for layer in spec.layers:
-        layers += _attention_block(spec, layer)
+        layers += _deltanet_block(spec, layer) if layer.mixer is not None else _attention_block(spec, layer)
         layers += _ffn_block(spec, layer)
     head: list[Op] = [RMSNorm("h", "x", "output_norm.weight", spec.norm_eps)]
     head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight",
                        n_out=spec.n_vocab))
     if spec.final_logit_softcap:
         head.append(Softcap("logits", spec.final_logit_softcap))
-    state = tuple(KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
+    state = tuple(RecurrentState(la.index, la.mixer) if la.mixer is not None else
+                  KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
                           la.attention.sliding_window) for la in spec.layers)
     return Plan(spec, embed, tuple(layers), tuple(head), state)
 
@@ -202,9 +252,15 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     p = f"blk.{layer.index}."
     ops: list[Op] = [RMSNorm("h", "x", p + "attn_norm.weight", spec.norm_eps)]
     widths = {"q": a.n_heads * a.head_dim, "k": a.n_kv_heads * a.head_dim, "v": a.n_kv_heads * a.v_head_dim}
+    if a.output_gate:  # attn_q's rows: per head [q_h | gate_h]
+        widths["q"] *= 2
     for name in ("q", "k", "v"):
         bias = p + f"attn_{name}.bias" if a.qkv_bias else None
-        ops.append(MatMul(name, "h", p + f"attn_{name}.weight", bias, widths[name]))
+        ops.append(MatMul("qg" if name == "q" and a.output_gate else name, "h", p + f"attn_{name}.weight", bias,
+                          widths[name]))
+    if a.output_gate:
+        ops.append(HeadSlice("q", "qg", a.n_heads, a.head_dim, 0))
+        ops.append(HeadSlice("gate", "qg", a.n_heads, a.head_dim, 1))
     if a.qk_norm:
         ops.append(RMSNorm("q", "q", p + "attn_q_norm.weight", spec.norm_eps, group=a.head_dim))
         ops.append(RMSNorm("k", "k", p + "attn_k_norm.weight", spec.norm_eps, group=a.head_dim))
@@ -218,9 +274,29 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
         ops.append(QueryTemp("q", a.temperature))
     ops.append(StoreKV(layer.index, "k", "v"))
     ops.append(Attention("attn", "q", layer.index, a))
+    if a.output_gate:
+        ops.append(SigmoidMul("attn", "gate"))
     ops.append(MatMul("o", "attn", p + "attn_output.weight", n_out=spec.n_embd))
     if layer.post_attn_norm:
         ops.append(RMSNorm("o", "o", p + "post_attention_norm.weight", spec.norm_eps))
+    ops.append(Add("x", "x", "o"))
+    return ops
+
+
+def _deltanet_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    """A gated DeltaNet layer's mixer: its four projections, the recurrence (one DeltaNet op, which
+    keeps the sequence's state), the output projection, the residual add."""
+    m = layer.mixer
+    assert m is not None
+    p = f"blk.{layer.index}."
+    ops: list[Op] = [RMSNorm("h", "x", p + "attn_norm.weight", spec.norm_eps)]
+    ops.append(MatMul("qkv", "h", p + "attn_qkv.weight", n_out=m.conv_dim))
+    ops.append(MatMul("z", "h", p + "attn_gate.weight", n_out=m.n_v_heads * m.d_v))
+    ops.append(MatMul("beta", "h", p + "ssm_beta.weight", n_out=m.n_v_heads))
+    ops.append(MatMul("alpha", "h", p + "ssm_alpha.weight", n_out=m.n_v_heads))
+    ops.append(DeltaNet("dn", "qkv", "z", "beta", "alpha", layer.index, m, p + "ssm_conv1d.weight",
+                        p + "ssm_dt.bias", p + "ssm_a", p + "ssm_norm.weight", spec.norm_eps))
+    ops.append(MatMul("o", "dn", p + "ssm_out.weight", n_out=spec.n_embd))
     ops.append(Add("x", "x", "o"))
     return ops
 
@@ -233,7 +309,7 @@ def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
         raise InfrError(f"layer {layer.index}: unknown FFN kind {type(layer.ffn).__name__}")
     f = layer.ffn
     p = f"blk.{layer.index}."
-    ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
+    ops: list[Op] = [RMSNorm("h", "x", p + layer.ffn_norm + ".weight", spec.norm_eps)]
     ops.append(MatMul("g", "h", p + "ffn_gate.weight", n_out=f.hidden))
     ops.append(MatMul("u", "h", p + "ffn_up.weight", n_out=f.hidden))
     ops.append(GatedAct("g", "g", "u", f.activation))
@@ -251,7 +327,7 @@ def _moe_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     m = layer.ffn
     assert isinstance(m, MoESpec)
     p = f"blk.{layer.index}."
-    ops: list[Op] = [RMSNorm("h", "x", p + "ffn_norm.weight", spec.norm_eps)]
+    ops: list[Op] = [RMSNorm("h", "x", p + layer.ffn_norm + ".weight", spec.norm_eps)]
     ops.append(MatMul("router", "h", p + "ffn_gate_inp.weight", n_out=m.n_expert))
     banks = (("ffn_gate_up_exps",) if m.fused_gate_up else ("ffn_gate_exps", "ffn_up_exps")) + ("ffn_down_exps",)
     ops.append(MoE("f", "h", "router", layer.index, m, tuple(p + b + ".weight" for b in banks)))

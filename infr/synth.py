@@ -42,10 +42,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
-from infr import synth_moe
+from infr import synth_moe, synth_qwen35
 from infr.synth_encode import encode
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS)
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, "qwen35")
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
 BIAS_STD = 0.2
 NORM_SPREAD = 0.2  # norm weights are uniform in 1 +- this
@@ -101,10 +101,18 @@ class SynthSpec:
     n_expert_used: int = 0
     n_ff_exp: int = 0  # each expert's width (llama4's shared expert too)
     moe_step: int = 1  # llama4: every moe_step-th layer is MoE, the others dense (n_ff)
+    # qwen35's gated DeltaNet layers (infr/synth_qwen35.py): d_k = d_v, heads, conv taps, pattern
+    ssm_state: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_conv: int = 4
+    full_attention_interval: int = 4
+    recurrent_layers: tuple[bool, ...] | None = None  # written as attention.recurrent_layers instead
+    n_rot: int = 0  # qwen35's rope.dimension_count (partial rotary)
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen35")
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -123,6 +131,7 @@ class SynthSpec:
         if self.rope_scaling is not None and self.arch not in ("llama", "llama4"):
             raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama and llama4 only")
         synth_moe.validate(self)
+        synth_qwen35.validate(self)
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
 
@@ -163,6 +172,13 @@ PRESETS: dict[str, SynthSpec] = {
         ctx=16384, rope_theta=500000.0, tied=False, norm_eps=1e-5, n_expert=5, n_expert_used=1, n_ff_exp=64,
         moe_step=2, rope_scaling=Llama3Rope(factor=8.0, original_context=64), name="tiny-llama4",
         tokenizer="gpt2",
+    ),
+    # qwen35: DeltaNet and gated attention layers alternating (full_attention_interval 2), 4 V-heads
+    # on 2 K-heads, rope over 8 of 32 dims, a conv of 4 taps.
+    "tiny-qwen35": SynthSpec(
+        "qwen35", n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=96, n_vocab=512,
+        ctx=256, rope_theta=10000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=4, ssm_conv=4,
+        full_attention_interval=2, n_rot=8, name="tiny-qwen35", tokenizer="gpt2",
     ),
     # Real shapes, from each model's published config.json.
     "llama-3.2-1b": SynthSpec(
@@ -347,10 +363,16 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
     def bank(name: str, n_expert: int, rows: int, cols: int) -> None:
         out.append(_TensorPlan(name, (n_expert, rows, cols), "matrix", matrix_type(spec, name, cols)))
 
+    def raw(name: str, shape: tuple[int, ...], kind: str) -> None:
+        out.append(_TensorPlan(name, shape, kind, Q.F32))
+
     mat("token_embd.weight", spec.n_vocab, e)
     if spec.rope_scaling is not None:
         vec("rope_freqs.weight", hd // 2, "rope_freqs")
     for i in range(spec.n_layers):
+        if spec.arch == "qwen35":
+            synth_qwen35.layer_tensors(spec, i, mat, vec, raw)
+            continue
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e, "norm")
         mat(p + "attn_q.weight", q_out, e)
@@ -394,6 +416,8 @@ def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
         return spec.rope_scaling.freq_factors(spec.rope_theta, spec.head_dim)
     if t.kind == "norm":
         return np.float32(1.0) + _uniform(seed, t.name, 0, n, NORM_SPREAD)
+    if t.kind == "ssm_a":  # -exp(A_log), A_log uniform in -1..1
+        return (-np.exp(_uniform(seed, t.name, 0, n, 1.0))).astype(np.float32)
     return _uniform(seed, t.name, 0, n, BIAS_STD * math.sqrt(3.0))
 
 
@@ -477,6 +501,7 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
         w.add_rope_dimension_count(spec.head_dim)
         w.add_vocab_size(spec.n_vocab)
     synth_moe.add_metadata(w, spec)
+    synth_qwen35.add_metadata(w, spec)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))

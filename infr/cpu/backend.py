@@ -22,6 +22,7 @@ from infr.batch import Batch, StepResult
 from infr.cpu import kinds
 from infr.cpu import mmq
 from infr.cpu import ops as F
+from infr.cpu.deltanet import RecurrentStore
 from infr.cpu.weights import WeightStore, check_supported
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
@@ -69,11 +70,13 @@ class CPUBackend:
                                                           max_seqs, batch_tokens)
         self.k_cache: dict[int, np.ndarray] = {}
         self.v_cache: dict[int, np.ndarray] = {}
-        self.windowed = {st.layer: bool(st.window) for st in plan.state}  # which store and tables a layer uses
-        for st in plan.state:
+        self.windowed = {st.layer: bool(st.window) for st in plan.kv}  # which store and tables a layer uses
+        for st in plan.kv:
             rows = (self.n_window_blocks if st.window else self.n_blocks) * self.block_size
             self.k_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.head_dim), np.float16)
             self.v_cache[st.layer] = np.zeros((rows, st.n_kv_heads, st.v_head_dim), np.float16)
+        # DeltaNet layers' state per sequence slot (infr/cpu/deltanet.py): started at a sequence's position 0
+        self.recurrent = RecurrentStore({st.layer: st.spec for st in plan.recurrent})
         ropes: dict = {}
         self._body_ops = [self._compile(op, ropes) for op in plan.embed + plan.layers]
         self._head_ops = [self._compile(op, ropes) for op in plan.head]

@@ -1,5 +1,7 @@
 """The CPU reference for the ops of the newer layer kinds: the MoE FFN (infr/cpu/moe.py), the
-shared expert's sigmoid gate, llama4's query temperature and its weightless q/k norm.
+shared expert's sigmoid gate, llama4's query temperature and its weightless q/k norm, qwen35's
+gated attention (the [q | gate] split, the sigmoid output gate) and its DeltaNet mixer
+(infr/cpu/deltanet.py, with the per-sequence state the backend keeps).
 CPUBackend._compile asks here first; None means an op it implements itself."""
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from collections.abc import Callable
 import numpy as np
 
 from infr.cpu import ops as F
+from infr.cpu.deltanet import RecurrentStore, deltanet_forward
 from infr.cpu.moe import ExpertBank, ExpertCache, moe_forward, sigmoid
-from infr.ops import MoE, QueryTemp, RMSNorm, SigmoidGate
+from infr.ops import DeltaNet, HeadSlice, MoE, QueryTemp, RMSNorm, SigmoidGate, SigmoidMul
 
 ONE = np.float32(1.0)
 
@@ -39,6 +42,24 @@ def compile_op(be, op) -> Callable | None:
         def temp(env, ids, ctx):
             env[op.buf] = env[op.buf] * op.temp.factor(ctx.pos)[:, None]
         return temp
+    if isinstance(op, HeadSlice):
+        lo, hi = op.part * op.head_dim, (op.part + 1) * op.head_dim
+
+        def head_slice(env, ids, ctx):
+            x = env[op.src]
+            env[op.dst] = np.ascontiguousarray(x.reshape(len(x), op.n_heads, 2 * op.head_dim)[:, :, lo:hi]).reshape(
+                len(x), op.n_heads * op.head_dim)
+        return head_slice
+    if isinstance(op, SigmoidMul):
+        return lambda env, ids, ctx: env.__setitem__(op.buf, env[op.buf] * sigmoid(env[op.gate]))
+    if isinstance(op, DeltaNet):
+        store: RecurrentStore = be.recurrent
+        conv, dt_bias, a, norm = (be.w[name] for name in op.tensors)
+
+        def deltanet(env, ids, ctx):
+            env[op.dst] = deltanet_forward(op.spec, env[op.qkv], env[op.z], env[op.beta], env[op.alpha], ctx.pos,
+                                           ctx.slots, store, op.layer, conv, dt_bias, a, norm, op.eps)
+        return deltanet
     if isinstance(op, RMSNorm) and op.weight is None:
         return lambda env, ids, ctx: env.__setitem__(op.dst, F.rms_norm(env[op.src], ONE, op.eps, op.group))
     return None

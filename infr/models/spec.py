@@ -16,6 +16,9 @@ import numpy as np
 class RopeStyle(str, Enum):
     NORM = "norm"  # rotate adjacent pairs (x[2i], x[2i+1]): llama
     NEOX = "neox"  # rotate halves (x[i], x[i + d/2]): qwen, gemma
+    # multi-section rope (qwen35): NEOX pairs, pair i turning by the position of its section; a text
+    # token's positions are [p, p, p, 0] over the sections, which makes it NEOX over n_rot dims
+    IMROPE = "imrope"
 
 
 class Activation(str, Enum):
@@ -30,6 +33,7 @@ class RopeSpec:
     n_rot: int  # leading dims of each head that rotate
     freq_scale: float = 1.0  # linear position scaling
     freq_factors: str | None = None  # tensor of per-frequency divisors (llama 3)
+    sections: tuple[int, ...] | None = None  # IMROPE's rope.dimension_sections (4 counts of pairs)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class AttentionSpec:
     qk_rms_after_rope: bool = False  # weightless RMSNorm over each head of q and k after rope
     chunk: int | None = None  # chunked attention: keys before floor(q_pos / chunk) * chunk are masked
     temperature: "QueryTemperature | None" = None  # queries scaled by a factor of their position
+    # qwen35: attn_q's rows are per head [q_h | gate_h]; the attention output is times sigmoid(gate)
+    output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,12 +119,36 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class DeltaNetSpec:
+    """A gated DeltaNet mixer (qwen35, wave2-families.md section 2.3): a causal depthwise conv over
+    the [q | k | v] projection, L2-normed q and k, and per V-head a d_k x d_v state updated by the
+    gated delta rule; V-head h reads K-head h mod n_k_heads (the GGUF's tiled order)."""
+
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    d_k: int  # ssm.state_size
+    d_v: int  # ssm.inner_size / n_v_heads
+    d_conv: int  # ssm.conv_kernel
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.n_k_heads * self.d_k + self.n_v_heads * self.d_v
+
+    @property
+    def state_floats(self) -> int:
+        """f32 values a sequence keeps for this layer: the conv's last d_conv - 1 inputs and the matrices."""
+        return (self.d_conv - 1) * self.conv_dim + self.n_v_heads * self.d_k * self.d_v
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     index: int
-    attention: AttentionSpec
+    attention: AttentionSpec  # the model's attention shape (unused where mixer is set)
     ffn: "FFNSpec | MoESpec"
     post_attn_norm: bool = False  # norm the attention output before the residual add
     post_ffn_norm: bool = False
+    mixer: DeltaNetSpec | None = None  # a recurrent mixer in place of the attention
+    ffn_norm: str = "ffn_norm"  # the FFN's pre-norm tensor (qwen35: post_attention_norm)
 
 
 @dataclass(frozen=True)
@@ -140,6 +170,10 @@ class ModelSpec:
         return len(self.layers)
 
     @property
+    def recurrent(self) -> bool:
+        return any(layer.mixer is not None for layer in self.layers)
+
+    @property
     def moe(self) -> bool:
         return any(isinstance(layer.ffn, MoESpec) for layer in self.layers)
 
@@ -150,7 +184,15 @@ class ModelSpec:
             f"{self.arch} '{self.name}': {self.n_layers} layers, d={self.n_embd}, "
             f"heads {a0.n_heads}/{a0.n_kv_heads}x{a0.head_dim}, vocab {self.n_vocab}, "
             f"windows {windows}"
-        ) + self._describe_moe()
+        ) + self._describe_moe() + self._describe_mixers()
+
+    def _describe_mixers(self) -> str:
+        dn = [layer.mixer for layer in self.layers if layer.mixer is not None]
+        if not dn:
+            return ""
+        m = dn[0]
+        return (f", DeltaNet on {len(dn)} of {self.n_layers} layers: {m.n_v_heads} v-heads / {m.n_k_heads} k-heads "
+                f"x {m.d_k}, conv {m.d_conv}")
 
     def _describe_moe(self) -> str:
         moe = [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoESpec)]
