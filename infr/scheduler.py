@@ -117,6 +117,10 @@ class Scheduler:
         self.backend, self.pool, self.n_ctx = backend, pool, n_ctx
         self.window_pool = window_pool
         self.kv = KVCache(pool, window_pool, window)
+        # A model with recurrent layers (DeltaNet) keeps per sequence a state that its KV blocks cannot
+        # restore nor rewind: its requests never take a prefix from the cache, and a sequence that does
+        # not go on exactly where it stands starts again from position 0 (infr/cpu/deltanet.py).
+        self.recurrent = bool(getattr(getattr(backend, "plan", None), "recurrent", ()))
         self.is_eog, self.n_vocab = is_eog, n_vocab
         self.parallel, self.batch_tokens = parallel, batch_tokens
         self.waiting: deque[Request] = deque()
@@ -137,6 +141,8 @@ class Scheduler:
         if any(not 0 <= t < self.n_vocab for t in req.prompt):
             raise InfrError(f"token id out of range 0..{self.n_vocab - 1}")
         req.params = req.params.validate()
+        if self.recurrent:
+            req.cache_prompt = False
         req.tokens = list(req.prompt)
         req.t_submit = time.perf_counter()
         if req.sampler is None and not (req.params.greedy and not has_penalties(req.params)):
@@ -308,6 +314,8 @@ class Scheduler:
             keep += 1
         if keep % bs and keep // bs < len(req.kv.hashes):  # never write into a block the prefix cache shares
             keep -= keep % bs
+        if self.recurrent and keep != req.computed:  # the recurrent state stands at req.computed only
+            keep = 0
         req.tokens = list(tokens)
         if self.kv.can_continue(req.kv, keep):
             self.kv.truncate(req.kv, keep)

@@ -219,3 +219,60 @@ def test_batched_equals_alone_through_the_engine(tiny_path):
     assert run(prompts, cache_prompt=False) == alone
     assert stats.steps - steps < (stats.rows - rows) / 4  # they did share steps
     assert sum(len(out) for out in alone) > len(prompts)
+
+
+def test_no_prefix_reuse_and_preemption_recomputes_on_a_recurrent_model(tiny_path):
+    """The recurrent state cannot be restored from KV blocks: a request whose prompt the prefix
+    cache holds still computes every position (the same tokens as a cold run), and requests
+    preempted for blocks recompute from position 0 and give the tokens they give with room."""
+    from infr.engine import Model
+    from infr.sampling import SamplingParams
+    from infr.scheduler import Request
+
+    rng = np.random.default_rng(8)
+    shared = rng.integers(2, 512, 48).tolist()
+    prompts = [shared + rng.integers(2, 512, n).tolist() for n in (12, 14, 10)]  # 2 blocks of 32 each
+    greedy = SamplingParams(temperature=0.0)
+
+    def run(model, ps, **kw):
+        reqs = [model.engine.submit(Request(list(p), greedy, max_new=16, **kw)) for p in ps]
+        model.engine.run_until(lambda: all(r.done for r in reqs))
+        assert all(r.finish_reason != "error" for r in reqs), [r.error for r in reqs]
+        return [r.output for r in reqs]
+
+    model = Model(tiny_path, n_ctx=100, backend="cpu", parallel=3, kv_tokens=3 * 100)
+    cold = [run(model, [p], cache_prompt=False)[0] for p in prompts]
+    assert [run(model, [p])[0] for p in prompts] == cold  # the second and third share 48 tokens with the first
+    assert model.engine.stats.prefix_hit_tokens == 0
+    # 5 blocks: two prompts fit, then both grow into a third block and one is preempted
+    small = Model(tiny_path, n_ctx=100, backend="cpu", parallel=3, kv_tokens=160)
+    assert run(small, prompts) == cold
+    assert small.engine.stats.preemptions > 0
+
+
+def test_session_extends_in_place_and_recomputes_a_rewound_prefix(tiny_path):
+    """Session.decode goes on from the recurrent state where it stands; a prefill that rewinds
+    (a shorter common prefix) cannot restore the state and computes the sequence from position 0."""
+    from infr.engine import Model
+
+    model = Model(tiny_path, n_ctx=128, backend="cpu")
+    alone = CPUBackend(model.gguf, model.plan, 128)
+    ids = np.random.default_rng(9).integers(2, 512, 70).tolist()
+    s = model.session()
+    np.testing.assert_array_equal(s.prefill(ids), alone.forward(ids, 0)[-1])
+    before = s.stats.reused_tokens
+    s.decode(7)
+    assert s.stats.reused_tokens - before == 70  # went on from position 70
+    before = s.stats.reused_tokens
+    again = s.prefill(ids[:50] + [7, 8])
+    assert s.stats.reused_tokens == before  # nothing reused: computed from position 0
+    np.testing.assert_array_equal(again, alone.forward(ids[:50] + [7, 8], 0)[-1])
+
+
+def test_gpu_backend_refuses_the_plan_with_a_clear_error(tiny_path):
+    from infr.errors import UnsupportedError
+    from infr.gpu.lowering import find_stacks
+
+    gf = open_gguf(tiny_path)
+    with pytest.raises(UnsupportedError, match="qwen35: the DeltaNet mixer, gated attention have no GPU kernels yet"):
+        find_stacks(build_plan(build_spec(gf)), gf, 1 << 30)
