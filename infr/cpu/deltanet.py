@@ -103,6 +103,12 @@ def delta_step(S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np
     return (np.einsum("hkv,hk->hv", S, q) * F32(1.0 / np.sqrt(S.shape[1]))).astype(F32)
 
 
+def k_heads(n_v: int, n_k: int) -> np.ndarray:
+    """The K-head each V-head reads: h mod H_k (llama.cpp tiles the K-heads; the grouped h // (H_v / H_k)
+    is wrong, tests/test_qwen35_exact.py's ablation shows)."""
+    return np.arange(n_v) % n_k
+
+
 def deltanet_forward(m: DeltaNetSpec, qkv: np.ndarray, z: np.ndarray, beta: np.ndarray, alpha: np.ndarray,
                      pos: np.ndarray, slots: np.ndarray, store: RecurrentStore, layer: int, conv_w: np.ndarray,
                      dt_bias: np.ndarray, a: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
@@ -112,7 +118,7 @@ def deltanet_forward(m: DeltaNetSpec, qkv: np.ndarray, z: np.ndarray, beta: np.n
     hk, hv, dk, dv = m.n_k_heads, m.n_v_heads, m.d_k, m.d_v
     b = sigmoid(beta)
     g = (softplus(alpha + dt_bias) * a).astype(F32)  # <= 0: a = -exp(A_log)
-    pair = np.arange(hv) % hk  # V-head h reads K-head h mod H_k (tiled order)
+    pair = k_heads(hv, hk)
     o = np.empty((t, hv, dv), F32)
     for s in np.unique(slots):
         rows = np.flatnonzero(slots == s)
