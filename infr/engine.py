@@ -97,7 +97,7 @@ class Model:
         self.window_pool = BlockPool(self.backend.n_window_blocks, BLOCK_SIZE) if self.plan.window else None
         self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
                                 parallel=parallel, batch_tokens=batch_tokens, window_pool=self.window_pool,
-                                window=self.plan.window)
+                                window=self.plan.window, recurrent=bool(self.plan.recurrent))
 
     def session(self) -> "Session":
         return Session(self)

@@ -107,9 +107,10 @@ class Scheduler:
 
     def __init__(self, backend, pool: BlockPool, n_ctx: int, is_eog: Callable[[int], bool], n_vocab: int,
                  parallel: int = 1, batch_tokens: int = 512, window_pool: BlockPool | None = None,
-                 window: int | None = None):
+                 window: int | None = None, recurrent: bool = False):
         """`window_pool`, `window`: where the model has sliding-window layers, the pool of their
-        KV blocks and their window (infr/kvseq.py); None: every layer's KV is in `pool`."""
+        KV blocks and their window (infr/kvseq.py); None: every layer's KV is in `pool`.
+        `recurrent`: the model has recurrent (DeltaNet) layers (Plan.recurrent)."""
         if parallel < 1:
             raise InfrError(f"--parallel must be at least 1, got {parallel}")
         if batch_tokens < parallel:
@@ -120,7 +121,7 @@ class Scheduler:
         # A model with recurrent layers (DeltaNet) keeps per sequence a state that its KV blocks cannot
         # restore nor rewind: its requests never take a prefix from the cache, and a sequence that does
         # not go on exactly where it stands starts again from position 0 (infr/cpu/deltanet.py).
-        self.recurrent = bool(getattr(getattr(backend, "plan", None), "recurrent", ()))
+        self.recurrent = recurrent
         self.is_eog, self.n_vocab = is_eog, n_vocab
         self.parallel, self.batch_tokens = parallel, batch_tokens
         self.waiting: deque[Request] = deque()
