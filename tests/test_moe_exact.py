@@ -72,6 +72,17 @@ def llamacpp_q8_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return q.reshape(t, k), d16, d16 * q.sum(axis=-1, dtype=np.float32)
 
 
+def use_llamacpp_rounding(monkeypatch) -> None:
+    """llama.cpp's activation rounding in place of infr's, in every CPU path that rounds."""
+    import infr.cpu.mmq
+    import infr.cpu.moe
+    import infr.cpu.ops
+
+    monkeypatch.setattr(infr.cpu.ops, "quantize_q8", llamacpp_q8)
+    monkeypatch.setattr(infr.cpu.moe, "quantize_q8", llamacpp_q8)
+    monkeypatch.setattr(infr.cpu.mmq, "quantize", llamacpp_q8_parts)  # generated rows' integer path
+
+
 @pytest.fixture
 def rounding(monkeypatch):
     """For key's weight type: the bound, with llama.cpp's activation rounding in place for Q8_0."""
@@ -79,13 +90,7 @@ def rounding(monkeypatch):
     def use(key: str) -> float:
         if DATA["models"][key]["weight_type"] == "F32":
             return MAX_DP
-        import infr.cpu.mmq
-        import infr.cpu.moe
-        import infr.cpu.ops
-
-        monkeypatch.setattr(infr.cpu.ops, "quantize_q8", llamacpp_q8)
-        monkeypatch.setattr(infr.cpu.moe, "quantize_q8", llamacpp_q8)
-        monkeypatch.setattr(infr.cpu.mmq, "quantize", llamacpp_q8_parts)  # generated rows' integer path
+        use_llamacpp_rounding(monkeypatch)
         return MAX_DP_Q8
 
     return use
@@ -148,22 +153,30 @@ def test_synth_file_is_the_one_llamacpp_ran(models, key):
     assert hashlib.sha256(models(key).read_bytes()).hexdigest() == DATA["models"][key]["sha256"]
 
 
+def check_teacher(data: dict, path: Path, key: str, bound: float) -> None:
+    """A fixture file's teacher-forced rows of one prompt batch against the CPU reference."""
+    m = data["models"][key]
+    want = rows(m["teacher"], m["n_vocab"])
+    got = backend(path, data["n_ctx"]).forward(m["teacher"]["ids"], 0, n_logits=len(want))
+    assert_close(key, got, want, bound=bound)
+
+
+def check_decode(data: dict, path: Path, key: str, bound: float) -> None:
+    """A fixture file's prefill and one-token decode steps against the CPU reference."""
+    m = data["models"][key]
+    g = m["generate"]
+    got = decode(backend(path, data["n_ctx"]), g["ids"], g["tokens"])
+    assert_close(key, got, rows(g, m["n_vocab"]), g["tokens"], bound)
+
+
 @pytest.mark.parametrize("key", MODELS)
 def test_teacher_forced_batch_matches_llamacpp(models, rounding, key):
-    bound = rounding(key)
-    m = DATA["models"][key]
-    want = rows(m["teacher"], m["n_vocab"])
-    got = backend(models(key), DATA["n_ctx"]).forward(m["teacher"]["ids"], 0, n_logits=len(want))
-    assert_close(key, got, want, bound=bound)
+    check_teacher(DATA, models(key), key, rounding(key))
 
 
 @pytest.mark.parametrize("key", MODELS)
 def test_greedy_decode_matches_llamacpp(models, rounding, key):
-    bound = rounding(key)
-    m = DATA["models"][key]
-    g = m["generate"]
-    got = decode(backend(models(key), DATA["n_ctx"]), g["ids"], g["tokens"])
-    assert_close(key, got, rows(g, m["n_vocab"]), g["tokens"], bound)
+    check_decode(DATA, models(key), key, rounding(key))
 
 
 def _long(key: str) -> tuple[dict, list[int]]:

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from infr import synth
-from tests.test_moe_exact import assert_close, backend, decode, rounding, rows  # noqa: F401  (rounding: a fixture)
+from tests.test_moe_exact import backend, check_decode, check_teacher, rows, use_llamacpp_rounding
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen35.json"
+MAX_DP = 1e-4
 MAX_DP_Q8 = 3e-3
 DATA = json.loads(FIXTURE.read_text())
 MODELS = sorted(DATA["models"])
@@ -45,19 +46,16 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture
-def q35_rounding(rounding):
-    """test_moe_exact's rounding fixture reads its own fixture file's weight types: give it ours."""
-    import tests.test_moe_exact as moe
+def q35_rounding(monkeypatch):
+    """For key's weight type: the bound, with llama.cpp's activation rounding in place for Q8_0."""
 
     def use(key: str) -> float:
-        moe.DATA["models"].setdefault(key, DATA["models"][key])
-        bound = rounding(key)
-        return bound if DATA["models"][key]["weight_type"] == "F32" else MAX_DP_Q8
+        if DATA["models"][key]["weight_type"] == "F32":
+            return MAX_DP
+        use_llamacpp_rounding(monkeypatch)
+        return MAX_DP_Q8
 
-    yield use
-    for key in MODELS:
-        if moe.DATA["models"].get(key) is DATA["models"][key]:
-            del moe.DATA["models"][key]
+    return use
 
 
 def test_the_models_have_recurrent_layers(models):
@@ -72,20 +70,12 @@ def test_synth_file_is_the_one_llamacpp_ran(models, key):
 
 @pytest.mark.parametrize("key", MODELS)
 def test_teacher_forced_batch_matches_llamacpp(models, q35_rounding, key):
-    bound = q35_rounding(key)
-    m = DATA["models"][key]
-    want = rows(m["teacher"], m["n_vocab"])
-    got = backend(models(key), DATA["n_ctx"]).forward(m["teacher"]["ids"], 0, n_logits=len(want))
-    assert_close(key, got, want, bound=bound)
+    check_teacher(DATA, models(key), key, q35_rounding(key))
 
 
 @pytest.mark.parametrize("key", MODELS)
 def test_greedy_decode_matches_llamacpp(models, q35_rounding, key):
-    bound = q35_rounding(key)
-    m = DATA["models"][key]
-    g = m["generate"]
-    got = decode(backend(models(key), DATA["n_ctx"]), g["ids"], g["tokens"])
-    assert_close(key, got, rows(g, m["n_vocab"]), g["tokens"], bound)
+    check_decode(DATA, models(key), key, q35_rounding(key))
 
 
 def test_the_grouped_head_pairing_fails_the_oracle(models, monkeypatch):
@@ -100,4 +90,4 @@ def test_the_grouped_head_pairing_fails_the_oracle(models, monkeypatch):
     monkeypatch.setattr(deltanet, "k_heads", lambda n_v, n_k: np.arange(n_v) // (n_v // n_k))
     got = be.forward(m["teacher"]["ids"], 0, n_logits=len(want))
     z = np.exp(got - got.max(axis=-1, keepdims=True))
-    assert np.abs(z / z.sum(axis=-1, keepdims=True) - want).max() > 10 * 1e-4
+    assert np.abs(z / z.sum(axis=-1, keepdims=True) - want).max() > 10 * MAX_DP
