@@ -3,8 +3,11 @@
 // llama4) in descending order, ties to the lower expert (a stable sort's order); weights p_e,
 // divided by max(their sum, 6.103515625e-5) when NORM, times `scale` when SCALE. Written as
 // ids[t * n_used + s] and wts[t * n_used + s] for the expert kernels: nothing goes to the host.
-// One invocation per row: n_expert * n_used compares cost little beside the experts' GEMVs.
-// dispatch (ceil(T / 64), 1, 1).
+//
+// One workgroup per row: the row's max and sum are tree reductions, and each of the n_used
+// picks is an arg-max reduction over the experts not yet taken. (One invocation per row made a
+// decode step's route a serial n_used x n_expert scan: 464 µs a layer on an H100 for 128x8.)
+// dispatch (T, 1, 1); E <= MAX_E (the host checks).
 
 struct Params {
     E: u32,      // experts
@@ -18,11 +21,19 @@ const SIGMOID: u32 = 1u;
 const ON_LOGITS: u32 = 2u;
 const NORM: u32 = 4u;
 const SCALE: u32 = 8u;
+const WG: u32 = 128u;
+const MAX_E: u32 = 1024u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> wts: array<f32>;
+
+var<workgroup> score: array<f32, MAX_E>;
+var<workgroup> taken: array<u32, MAX_E>;
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
+var<workgroup> picked: array<f32, 64>;  // the chosen weights, before NORM / SCALE (K <= 64)
 
 // Softmax as ggml: exp(l - max) times the reciprocal of the row's sum.
 fn prob(l: f32, mx: f32, inv: f32) -> f32 {
@@ -32,57 +43,100 @@ fn prob(l: f32, mx: f32, inv: f32) -> f32 {
     return exp(l - mx) * inv;
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x;
-    if (t >= params.T) {
-        return;
-    }
-    let row = t * params.E;
-    var mx = logits[row];
-    for (var e = 1u; e < params.E; e++) {
+// (score a, expert ia) ranks before (b, ib): larger score, then the lower expert.
+fn before(a: f32, ia: u32, b: f32, ib: u32) -> bool {
+    return a > b || (a == b && ia < ib);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let t = wid.x;
+    let E = params.E;
+    let row = t * E;
+
+    var mx = -3.4028235e38;
+    for (var e = tid; e < E; e += WG) {
         mx = max(mx, logits[row + e]);
     }
-    var sum = 0.0;
-    for (var e = 0u; e < params.E; e++) {
-        sum += exp(logits[row + e] - mx);
+    red_f[tid] = mx;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        if (tid < s) {
+            red_f[tid] = max(red_f[tid], red_f[tid + s]);
+        }
+        workgroupBarrier();
     }
-    let inv = 1.0 / sum;
+    mx = red_f[0];
+    workgroupBarrier();
+    var part = 0.0;
+    for (var e = tid; e < E; e += WG) {
+        part += exp(logits[row + e] - mx);
+    }
+    red_f[tid] = part;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        if (tid < s) {
+            red_f[tid] += red_f[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / red_f[0];
     let on_logits = (params.flags & ON_LOGITS) != 0u;
-    let out = t * params.K;
-    var total = 0.0;
-    for (var s = 0u; s < params.K; s++) {
-        var best = 0u;
-        var best_score = 0.0;
-        var found = false;
-        for (var e = 0u; e < params.E; e++) {
-            var taken = false;
-            for (var j = 0u; j < s; j++) {
-                taken = taken || ids[out + j] == e;
-            }
-            let l = logits[row + e];
-            let score = select(prob(l, mx, inv), l, on_logits);
-            if (!taken && (!found || score > best_score)) {
-                best = e;
-                best_score = score;
-                found = true;
-            }
-        }
-        let w = prob(logits[row + best], mx, inv);
-        ids[out + s] = best;
-        wts[out + s] = w;
-        total += w;
+    for (var e = tid; e < E; e += WG) {
+        let l = logits[row + e];
+        score[e] = select(prob(l, mx, inv), l, on_logits);
+        taken[e] = 0u;
     }
-    let d = select(1.0, max(total, 6.103515625e-5), (params.flags & NORM) != 0u);
-    let k = select(1.0, params.scale, (params.flags & SCALE) != 0u);
-    for (var s = 0u; s < params.K; s++) {
-        var w = wts[out + s];
-        if ((params.flags & NORM) != 0u) {
-            w = w / d;
+    workgroupBarrier();
+
+    let out = t * params.K;
+    for (var k = 0u; k < params.K; k++) {
+        // This invocation's best untaken expert (scanned upwards, so ties keep the lower one).
+        var bs = 0.0;
+        var bi = 0xffffffffu;
+        for (var e = tid; e < E; e += WG) {
+            if (taken[e] == 0u && (bi == 0xffffffffu || score[e] > bs)) {
+                bs = score[e];
+                bi = e;
+            }
         }
-        if ((params.flags & SCALE) != 0u) {
-            w = w * k;
+        red_f[tid] = bs;
+        red_i[tid] = bi;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s /= 2u) {
+            if (tid < s) {
+                let ob = red_i[tid + s];
+                if (ob != 0xffffffffu && (red_i[tid] == 0xffffffffu || before(red_f[tid + s], ob, red_f[tid], red_i[tid]))) {
+                    red_f[tid] = red_f[tid + s];
+                    red_i[tid] = ob;
+                }
+            }
+            workgroupBarrier();
         }
-        wts[out + s] = w;
+        if (tid == 0u) {
+            let best = red_i[0];
+            taken[best] = 1u;
+            ids[out + k] = best;
+            picked[k] = prob(logits[row + best], mx, inv);
+        }
+        workgroupBarrier();
+    }
+
+    if (tid == 0u) {
+        var total = 0.0;
+        for (var k = 0u; k < params.K; k++) {
+            total += picked[k];
+        }
+        let d = max(total, 6.103515625e-5);
+        for (var k = 0u; k < params.K; k++) {
+            var w = picked[k];
+            if ((params.flags & NORM) != 0u) {
+                w = w / d;
+            }
+            if ((params.flags & SCALE) != 0u) {
+                w = w * params.scale;
+            }
+            wts[out + k] = w;
+        }
     }
 }

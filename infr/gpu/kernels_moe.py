@@ -32,7 +32,7 @@ from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.models.spec import Gating, MoESpec
 from infr.ops import MoE, SigmoidGate
 
-ROUTE_WG = 64  # moe_route.wgsl's @workgroup_size
+ROUTE_MAX_E, ROUTE_MAX_K = 1024, 64  # moe_route.wgsl's MAX_E and its `picked` array
 COMBINE_WG = 256  # moe_combine.wgsl's
 
 
@@ -70,13 +70,18 @@ def route_dispatch(kernels: Kernels, logits, ids, wts, m: MoESpec, T: int) -> Di
     """ids / wts [T * n_used] from the router's logits [T, n_expert] (wgsl/moe_route.wgsl)."""
     if m.gating not in (Gating.SOFTMAX, Gating.SIGMOID):
         raise UnsupportedError(f"MoE gating {m.gating} has no GPU kernel")
+    if m.n_expert > ROUTE_MAX_E or m.n_used > ROUTE_MAX_K:
+        raise UnsupportedError(f"MoE router: {m.n_expert} experts, {m.n_used} used; the GPU kernel takes at most "
+                               f"{ROUTE_MAX_E} and {ROUTE_MAX_K}")
+    if T > 65535:  # one workgroup per row, along x
+        raise UnsupportedError(f"MoE router: {T} rows in one step; the GPU kernel takes at most 65535")
     scaled = m.weight_scale not in (None, 0.0, 1.0)
     flags = ((m.gating is Gating.SIGMOID) | m.select_on_logits << 1 | m.norm_weights << 2 | scaled << 3)
     data = KS._pack([("E", "u32", m.n_expert), ("K", "u32", m.n_used), ("T", "u32", T), ("flags", "u32", flags),
                      ("scale", "f32", m.weight_scale if scaled else 1.0)])
     pipe = kernels.pipeline("moe_route", "main")
     p = KS._params(kernels, data, None, "moe_route")
-    return Dispatch(pipe, kernels.bind(pipe, [p, logits, ids, wts]), (-(-T // ROUTE_WG), 1, 1),
+    return Dispatch(pipe, kernels.bind(pipe, [p, logits, ids, wts]), (T, 1, 1),
                     f"moe_route {m.n_expert}x{m.n_used}")
 
 
