@@ -22,6 +22,9 @@ def is_recurrent(spec, i: int) -> bool:
     return (i + 1) % spec.full_attention_interval != 0
 
 
+QWEN35_ARCHS = ("qwen35",)
+
+
 def validate(spec) -> None:
     if spec.arch != "qwen35":
         return
