@@ -50,6 +50,14 @@ PRESETS: dict[str, SynthSpec] = {
         ctx=256, rope_theta=10000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=4, ssm_conv=4,
         full_attention_interval=2, n_rot=8, name="tiny-qwen35", tokenizer="gpt2",
     ),
+    # qwen35 with the attention.recurrent_layers array instead of the interval, in a pattern no interval
+    # gives (attention first, then at layer 3 of 5), 6 V-heads on 2 K-heads (3 per K-head), rope over
+    # 12 of 16 dims, a conv of 3 taps.
+    "tiny-qwen35-rl": SynthSpec(
+        "qwen35", n_layers=5, n_embd=64, n_heads=4, n_kv_heads=1, head_dim=16, n_ff=64, n_vocab=384,
+        ctx=256, rope_theta=1000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=6, ssm_conv=3,
+        recurrent_layers=(False, True, True, False, True), n_rot=12, name="tiny-qwen35-rl", tokenizer="gpt2",
+    ),
     # Real shapes, from each model's published config.json.
     "llama-3.2-1b": SynthSpec(
         "llama", n_layers=16, n_embd=2048, n_heads=32, n_kv_heads=8, head_dim=64, n_ff=8192, n_vocab=128256,
