@@ -80,7 +80,7 @@ def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
         return moe
     layer, n = int(name.split(".")[1]), spec.n_layers
     k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
-    if name.endswith("attn_v.weight"):
+    if name.endswith(("attn_v.weight", "attn_qkv.weight")):  # one category (qwen35's DeltaNet qkv)
         if k_mix and _use_more_bits(layer, n):
             return Q.Q6_K
         if wt.ftype == _F.MOSTLY_IQ4_XS and spec.n_heads // spec.n_kv_heads >= 4:
@@ -140,8 +140,14 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
     if spec.rope_scaling is not None:
         vec("rope_freqs.weight", hd // 2, "rope_freqs")
     for i in range(spec.n_layers):
-        if spec.arch == "qwen35":
+        if spec.arch in synth_qwen35.QWEN35_ARCHS:
             synth_qwen35.layer_tensors(spec, i, mat, vec, raw)
+            if synth_moe.is_moe_layer(spec, i):
+                synth_moe.ffn_tensors(spec, i, mat, bank, vec)
+            else:
+                mat(f"blk.{i}.ffn_gate.weight", ff, e)
+                mat(f"blk.{i}.ffn_up.weight", ff, e)
+                mat(f"blk.{i}.ffn_down.weight", e, ff)
             continue
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e, "norm")
@@ -160,7 +166,7 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
             vec(p + "post_attention_norm.weight", e, "norm")
         vec(p + "ffn_norm.weight", e, "norm")
         if synth_moe.is_moe_layer(spec, i):
-            synth_moe.ffn_tensors(spec, i, mat, bank)
+            synth_moe.ffn_tensors(spec, i, mat, bank, vec)
         else:
             mat(p + "ffn_gate.weight", ff, e)
             mat(p + "ffn_up.weight", ff, e)
@@ -188,6 +194,8 @@ def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
         return np.float32(1.0) + _uniform(seed, t.name, 0, n, NORM_SPREAD)
     if t.kind == "ssm_a":  # -exp(A_log), A_log uniform in -1..1
         return (-np.exp(_uniform(seed, t.name, 0, n, 1.0))).astype(np.float32)
+    if t.kind == "row":  # one matrix row (qwen35moe's shared-expert gate): a matrix's scale
+        return _uniform(seed, t.name, 0, n, math.sqrt(3.0 / n))
     return _uniform(seed, t.name, 0, n, BIAS_STD * math.sqrt(3.0))
 
 

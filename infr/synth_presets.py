@@ -58,6 +58,13 @@ PRESETS: dict[str, SynthSpec] = {
         ctx=256, rope_theta=1000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=6, ssm_conv=3,
         recurrent_layers=(False, True, True, False, True), n_rot=12, name="tiny-qwen35-rl", tokenizer="gpt2",
     ),
+    # qwen35moe: qwen35's trunk (DeltaNet layers 0-2, attention at 3: the default interval 4) with 6
+    # experts, top-2, 32 wide, and a shared expert 96 wide behind its sigmoid gate.
+    "tiny-qwen35moe": SynthSpec(
+        "qwen35moe", n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=96, n_vocab=512,
+        ctx=256, rope_theta=10000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=4, ssm_conv=4,
+        n_rot=8, n_expert=6, n_expert_used=2, n_ff_exp=32, name="tiny-qwen35moe", tokenizer="gpt2",
+    ),
     # Real shapes, from each model's published config.json.
     "llama-3.2-1b": SynthSpec(
         "llama", n_layers=16, n_embd=2048, n_heads=32, n_kv_heads=8, head_dim=64, n_ff=8192, n_vocab=128256,

@@ -1,4 +1,4 @@
-"""The qwen35 part of infr.synth (wave2-families.md section 2): which layers are gated DeltaNet
+"""The qwen35 / qwen35moe part of infr.synth (wave2-families.md section 2): which layers are gated DeltaNet
 ones, their tensors, the gated attention's doubled attn_q, and the metadata llama.cpp's loader
 requires (rope.dimension_sections, the ssm.* sizes, a layer-pattern key).
 
@@ -22,25 +22,26 @@ def is_recurrent(spec, i: int) -> bool:
     return (i + 1) % spec.full_attention_interval != 0
 
 
-QWEN35_ARCHS = ("qwen35",)
+QWEN35_ARCHS = ("qwen35", "qwen35moe")
 
 
 def validate(spec) -> None:
-    if spec.arch != "qwen35":
+    if spec.arch not in QWEN35_ARCHS:
         return
     if min(spec.ssm_state, spec.ssm_k_heads, spec.ssm_v_heads, spec.ssm_conv) <= 0:
-        raise ValueError("qwen35 needs ssm_state, ssm_k_heads, ssm_v_heads and ssm_conv")
+        raise ValueError(f"{spec.arch} needs ssm_state, ssm_k_heads, ssm_v_heads and ssm_conv")
     if spec.ssm_v_heads % spec.ssm_k_heads:
-        raise ValueError("qwen35 needs ssm_v_heads a multiple of ssm_k_heads")
+        raise ValueError(f"{spec.arch} needs ssm_v_heads a multiple of ssm_k_heads")
     if spec.recurrent_layers is not None and len(spec.recurrent_layers) != spec.n_layers:
         raise ValueError("recurrent_layers needs one flag per layer")
     if not 0 < spec.n_rot <= spec.head_dim or spec.n_rot % 2:
-        raise ValueError("qwen35 needs an even n_rot in 1..head_dim")
+        raise ValueError(f"{spec.arch} needs an even n_rot in 1..head_dim")
 
 
 def layer_tensors(spec, i: int, mat, vec, raw) -> None:
-    """Layer i's mixer tensors (attention or DeltaNet) and its norms, in load order: mat(name,
-    rows, cols) a matrix, vec(name, n, kind) a vector, raw(name, shape, kind) an F32 tensor."""
+    """Layer i's norms and mixer tensors (attention or DeltaNet), in load order: mat(name, rows,
+    cols) a matrix, vec(name, n, kind) a vector, raw(name, shape, kind) an F32 tensor. The FFN
+    (dense, or qwen35moe's experts: infr/synth_moe.py) is the caller's."""
     p, e, hd = f"blk.{i}.", spec.n_embd, spec.head_dim
     vec(p + "attn_norm.weight", e, "norm")
     vec(p + "post_attention_norm.weight", e, "norm")
@@ -62,13 +63,10 @@ def layer_tensors(spec, i: int, mat, vec, raw) -> None:
         mat(p + "attn_output.weight", e, spec.n_heads * hd)
         vec(p + "attn_q_norm.weight", hd, "norm")
         vec(p + "attn_k_norm.weight", hd, "norm")
-    mat(p + "ffn_gate.weight", spec.n_ff, e)
-    mat(p + "ffn_up.weight", spec.n_ff, e)
-    mat(p + "ffn_down.weight", e, spec.n_ff)
 
 
 def add_metadata(w, spec) -> None:
-    if spec.arch != "qwen35":
+    if spec.arch not in QWEN35_ARCHS:
         return
     a = spec.arch
     w.add_rope_dimension_count(spec.n_rot)

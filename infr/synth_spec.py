@@ -13,7 +13,8 @@ from gguf import LlamaFileType
 
 from infr import synth_moe, synth_qwen35
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, *synth_qwen35.QWEN35_ARCHS)
+# qwen35moe is both: a MoE arch and a hybrid DeltaNet one
+ARCHS = tuple(dict.fromkeys(("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, *synth_qwen35.QWEN35_ARCHS)))
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class SynthSpec:
     # mixture of experts (qwen3moe, llama4: infr/synth_moe.py)
     n_expert: int = 0
     n_expert_used: int = 0
-    n_ff_exp: int = 0  # each expert's width (llama4's shared expert too)
+    n_ff_exp: int = 0  # each expert's width (llama4's shared expert too; qwen35moe's shared expert is n_ff wide)
     moe_step: int = 1  # llama4: every moe_step-th layer is MoE, the others dense (n_ff)
     # qwen35's gated DeltaNet layers (infr/synth_qwen35.py): d_k = d_v, heads, conv taps, pattern
     ssm_state: int = 0
@@ -77,7 +78,7 @@ class SynthSpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen35")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", *synth_qwen35.QWEN35_ARCHS)
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -122,7 +123,9 @@ class WeightType:
 # - the head (output.weight, or token_embd.weight in a model without output.weight)
 #   stays Q8_0 in a Q8_0 file and is Q6_K in every other one here (Q8_0 when the
 #   row length does not fit the block). An untied token_embd keeps the default.
-# - attn_v: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
+# - attn_v (and attn_qkv, qwen35's DeltaNet input: tensor_get_category puts it in attn_v's
+#   category, one per layer, so the counter is still the layer): Q4_K_M and Q5_K_M give it Q6_K in
+#   the use_more_bits layers; IQ4_XS
 #   gives it Q5_K in every layer when n_head / n_head_kv >= 4.
 # - ffn_down: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
 #   gives it Q5_K in layers below n_layer / 8 (only without an imatrix: with one,
@@ -132,7 +135,8 @@ class WeightType:
 # - rows not a multiple of 256: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL.
 # - general.file_type is the file type's number (Q4_0 2, Q8_0 7, Q4_K_M 15,
 #   Q5_K_M 17, Q6_K 18, IQ4_XS 30); `--pure` keeps it and drops the mix (not the
-#   row-length fallback). Norms, biases and rope_freqs (1-D) are never quantized.
+#   row-length fallback). Norms, biases and rope_freqs (1-D) are never quantized, nor ssm_conv1d
+#   (by name); attn_gate, ssm_alpha, ssm_beta and ssm_out are in no category: the default type.
 # So a Q6_K file is all Q6_K and a Q8_0 file all Q8_0; Q4_0's head is Q6_K.
 # llama-quantize also takes Q4_K and Q5_K as aliases of Q4_K_M and Q5_K_M; here
 # they keep meaning every matrix in that one type (no file is published under

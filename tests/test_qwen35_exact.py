@@ -1,8 +1,9 @@
-"""The hybrid DeltaNet family (qwen35) against llama.cpp, on infr.synth's tiny-qwen35 (the
-full_attention_interval key) and tiny-qwen35-rl (the attention.recurrent_layers array in a pattern
-no interval gives, 3 V-heads per K-head, rope over 12 of 16 dims), random weights, F32 and Q8_0:
+"""The hybrid DeltaNet families (qwen35, qwen35moe) against llama.cpp, on infr.synth's tiny-qwen35
+(the full_attention_interval key), tiny-qwen35-rl (the attention.recurrent_layers array in a
+pattern no interval gives, 3 V-heads per K-head, rope over 12 of 16 dims) and tiny-qwen35moe
+(experts and a sigmoid-gated shared expert), random weights, F32 and Q8_0:
 tests/fixtures/qwen35.json holds llama-server's probability vectors (tests/fixtures/make_moe_fixtures.py
---presets tiny-qwen35 tiny-qwen35-rl --out tests/fixtures/qwen35.json). Prompts are 136 tokens
+--presets tiny-qwen35 tiny-qwen35-rl tiny-qwen35moe --out tests/fixtures/qwen35.json). Prompts are 136 tokens
 (teacher-forced) and 72 (before decoding): past llama.cpp's DeltaNet chunk of 64 and many conv windows.
 The GGUF is regenerated and must be byte-identical to the one llama.cpp ran; infr's CPU reference
 then runs teacher-forced rows of one prompt batch (the recurrence over a whole prompt) and a
@@ -136,3 +137,34 @@ def test_the_grouped_head_pairing_fails_the_oracle(models, monkeypatch, key):
     got = be.forward(m["teacher"]["ids"], 0, n_logits=len(want))
     z = np.exp(got - got.max(axis=-1, keepdims=True))
     assert np.abs(z / z.sum(axis=-1, keepdims=True) - want).max() > 10 * MAX_DP
+
+
+def test_qwen35moe_spec(models):
+    from infr.gguf_file import open_gguf
+    from infr.models import build_spec
+    from infr.models.spec import Gating, MoESpec
+
+    s = synth.PRESETS["tiny-qwen35moe"]
+    spec = build_spec(open_gguf(models("tiny-qwen35moe-F32")))
+    assert [la.mixer is not None for la in spec.layers] == [True, True, True, False]  # the default interval 4
+    for la in spec.layers:
+        f = la.ffn
+        assert isinstance(f, MoESpec) and la.ffn_norm == "post_attention_norm"
+        assert (f.n_expert, f.n_used, f.hidden) == (s.n_expert, s.n_expert_used, s.n_ff_exp)
+        assert f.gating is Gating.SOFTMAX and f.norm_weights and not f.select_on_logits and not f.weight_before
+        assert f.shared is not None and f.shared.gated and f.shared.hidden == s.n_ff
+
+
+def test_the_ungated_shared_expert_fails_the_oracle(models):
+    """An ablation: qwen35moe's shared expert added without its sigmoid gate must miss llama.cpp by far."""
+    key = "tiny-qwen35moe-F32"
+    m = DATA["models"][key]
+    want = rows(m["teacher"], m["n_vocab"])
+
+    def ungated(spec):
+        return replace(spec, layers=tuple(replace(la, ffn=replace(la.ffn, shared=replace(la.ffn.shared, gated=False)))
+                                          for la in spec.layers))
+
+    be = backend(models(key), DATA["n_ctx"], ungated)
+    got = be.forward(m["teacher"]["ids"], 0, n_logits=len(want))
+    assert np.abs(softmax(got) - want).max() > 10 * MAX_DP
