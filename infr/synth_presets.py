@@ -99,6 +99,25 @@ PRESETS: dict[str, SynthSpec] = {
         n_ff_exp=8192, moe_step=1, rope_scaling=Llama3Rope(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0),
         name="Llama-4-Scout-17B-16E (synthetic)",
     ),
+    # Qwen3.5-4B (text tower): 32 layers, attention every 4th (full_attention_interval 4), 16 query /
+    # 4 KV heads of 256 with rope over 64 dims (partial_rotary_factor 0.25), DeltaNet 16 K-heads / 32
+    # V-heads of 128 and a conv of 4, SwiGLU 9216 wide, tied head. From Qwen/Qwen3.5-4B's config.json
+    # as published (text_config; the DeltaNet and rope fields are Qwen3.5's shared defaults, also in
+    # wave2-families.md section 2.1).
+    "qwen35-4b": SynthSpec(
+        "qwen35", n_layers=32, n_embd=2560, n_heads=16, n_kv_heads=4, head_dim=256, n_ff=9216, n_vocab=248320,
+        ctx=262144, rope_theta=10000000.0, tied=True, ssm_state=128, ssm_k_heads=16, ssm_v_heads=32, ssm_conv=4,
+        full_attention_interval=4, n_rot=64, name="Qwen3.5-4B (synthetic)",
+    ),
+    # Qwen3.5-35B-A3B (text tower): 40 layers, attention every 4th, 16 query / 2 KV heads of 256, rope
+    # over 64 dims, DeltaNet 16 K-heads / 32 V-heads of 128; 256 experts, 8 used, 512 wide, and a shared
+    # expert 512 wide (n_ff); untied head. From Qwen/Qwen3.5-35B-A3B's published config.json (text_config).
+    "qwen35-35b-a3b": SynthSpec(
+        "qwen35moe", n_layers=40, n_embd=2048, n_heads=16, n_kv_heads=2, head_dim=256, n_ff=512, n_vocab=248320,
+        ctx=262144, rope_theta=10000000.0, tied=False, n_expert=256, n_expert_used=8, n_ff_exp=512,
+        ssm_state=128, ssm_k_heads=16, ssm_v_heads=32, ssm_conv=4, full_attention_interval=4, n_rot=64,
+        name="Qwen3.5-35B-A3B (synthetic)",
+    ),
     # From the metadata of the real gemma-3-270m GGUF.
     "gemma3-270m": SynthSpec(
         "gemma3", n_layers=18, n_embd=640, n_heads=4, n_kv_heads=1, head_dim=256, n_ff=2048, n_vocab=262144,
