@@ -7,6 +7,16 @@ Names and shapes as llama.cpp's qwen35 loader reads them (numpy order [out, in])
 ssm_dt.bias and ssm_a (no .weight) [H_v], ssm_beta and ssm_alpha [H_v, n_embd], ssm_norm [d_v],
 ssm_out [n_embd, H_v * d_v]; every layer's FFN pre-norm is post_attention_norm. ssm_a holds
 -exp(A_log) as the converter writes it (negative); the conv and ssm_a stay F32.
+
+Checked with llama.cpp build 11434's llama-server (CPU, -nr) on the real-shape presets cut to 4
+layers (3 DeltaNet + 1 attention; with fewer, as in a 2-layer cut, there is no attention layer and
+llama.cpp aborts, GGML_ASSERT(buffer) in ggml-backend.cpp): qwen35-4b in Q4_K_M and qwen35-35b-a3b
+in Q8_0 load and generate, and infr's CPU reference gives the same 4 greedy tokens (on ids whose
+llama.cpp top-1 margins are >= 0.1; the 35B-A3B one with llama.cpp's activation rounding,
+tests/test_moe_exact.py). qwen35-35b-a3b in Q4_K_M loads and generates too; there 3 of 4 tokens
+agree and the other is a near-tie (margin 0.14): random weights over 248320 tokens give flat
+logits, and for K-quant weights llama.cpp's CPU rounds activations per 256 (Q8_K) where infr
+rounds per 32 (docs/numerics.md), ~0.1-0.3 apart in these log-probabilities.
 """
 
 from __future__ import annotations
