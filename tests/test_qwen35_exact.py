@@ -13,8 +13,9 @@ identical and every probability within 1e-4 of llama.cpp's in F32 (measured: 2.4
 Q8_0 swaps in llama.cpp's activation rounding, as tests/test_moe_exact.py explains. What is left is
 not a missing op but 8-bit rounding steps that fall differently after an f32 sum one ulp apart: rows
 match llama.cpp to 1e-8 up to one position, then differ by ~1e-3 from there on (the recurrent state
-carries the step), and jittering infr's own activations by 2e-7 (relative) before rounding moves its
-output by up to 6e-4. Ruled out (each measured against llama.cpp): a matmul left in f32 activations
+carries the step); and jittering infr's own activations before rounding by 1e-6 (relative, random;
+about where two f32 engines' sums part) moves its tiny-qwen35-rl output by 1e-3 to 1.1e-2, by 2e-7
+up to 9e-4. Ruled out (each measured against llama.cpp): a matmul left in f32 activations
 (every group of them, ssm_alpha/beta included, made it 3-14x worse), and the x86 AVX2 form of
 ggml's rounding (127 / amax, halves to even) instead of the reference form. So Q8_0 is bounded by
 MAX_DP_Q8 on any row and MEDIAN_DP_Q8 on the median row (measured: 7.6e-3 and ~1e-3, tiny-qwen35-rl
