@@ -52,8 +52,8 @@ from infr.synth_spec import (ARCHS, DEFAULT_MIX, FILE_TYPES, WEIGHT_TYPE_INFO, W
                              WeightType)
 
 __all__ = ["ARCHS", "DEFAULT_MIX", "FILE_TYPES", "PRESETS", "WEIGHT_TYPE_INFO", "WEIGHT_TYPES", "Llama3Rope",
-           "SynthSpec", "WeightType", "matrix_type", "preset", "reference_weights", "tensor_nbytes", "tensor_plans",
-           "write_gguf"]
+           "SynthSpec", "WeightType", "encode", "matrix_type", "preset", "reference_weights", "tensor_nbytes",
+           "tensor_plans", "write_gguf"]
 
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
 BIAS_STD = 0.2
