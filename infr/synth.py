@@ -4,7 +4,9 @@ They serve two purposes. Tiny ones (F32) run through llama.cpp and infr alike
 and make an exact oracle for families with no small real model (qwen3).
 Full-size ones (the real shapes of Llama 3, Qwen 2.5/3, Qwen3-30B-A3B, Llama-4-Scout)
 with quantized matrices feed benchmarks without downloading gigabytes. The MoE families'
-experts, router and rules live in infr/synth_moe.py.
+experts, router and rules live in infr/synth_moe.py, qwen35's DeltaNet layers in
+infr/synth_qwen35.py, SynthSpec and the weight types in infr/synth_spec.py, the presets in
+infr/synth_presets.py.
 
 `write_gguf(spec, path, seed)` is deterministic: the same spec and seed give
 the same bytes (tests compare sha256 against fixtures made by llama.cpp).
@@ -39,256 +41,24 @@ from typing import Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFEndian, GGUFWriter, LlamaFileType
+from gguf import GGUFEndian, GGUFWriter
+from gguf import LlamaFileType as _F
 from gguf.constants import GGML_QUANT_SIZES
 
 from infr import synth_moe, synth_qwen35
 from infr.synth_encode import encode
+from infr.synth_presets import PRESETS, preset
+from infr.synth_spec import (ARCHS, DEFAULT_MIX, FILE_TYPES, WEIGHT_TYPE_INFO, WEIGHT_TYPES, Llama3Rope, SynthSpec,
+                             WeightType)
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, "qwen35")
+__all__ = ["ARCHS", "DEFAULT_MIX", "FILE_TYPES", "PRESETS", "WEIGHT_TYPE_INFO", "WEIGHT_TYPES", "Llama3Rope",
+           "SynthSpec", "WeightType", "encode", "matrix_type", "preset", "reference_weights", "tensor_nbytes",
+           "tensor_plans", "write_gguf"]
+
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
 BIAS_STD = 0.2
 NORM_SPREAD = 0.2  # norm weights are uniform in 1 +- this
 
-
-@dataclass(frozen=True)
-class Llama3Rope:
-    """Llama 3 long-context RoPE: per-frequency divisors stored as rope_freqs.weight."""
-
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_context: int = 8192
-
-    def freq_factors(self, theta: float, n_rot: int) -> np.ndarray:
-        # Same rule as the Hugging Face -> GGUF converter: high frequencies
-        # keep their speed, low ones slow by `factor`, a smooth ramp between.
-        inv = theta ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-        wavelen = 2 * math.pi / inv
-        low_wavelen = self.original_context / self.low_freq_factor
-        high_wavelen = self.original_context / self.high_freq_factor
-        with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no ramp (Llama 4)
-            smooth = (self.original_context / wavelen - self.low_freq_factor) / (
-                self.high_freq_factor - self.low_freq_factor
-            )
-            ramp = 1.0 / ((1.0 - smooth) / self.factor + smooth)
-        out = np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, self.factor, ramp))
-        return out.astype(np.float32)
-
-
-@dataclass(frozen=True)
-class SynthSpec:
-    arch: str
-    n_layers: int
-    n_embd: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    ctx: int = 2048  # {arch}.context_length
-    rope_theta: float = 10000.0
-    sliding_window: int | None = None  # gemma3 local layers; required there
-    qkv_bias: bool = False  # real qwen2 models always have it
-    tied: bool = True  # no output.weight: the head reuses token_embd
-    weight_type: str = "F32"  # a WEIGHT_TYPES name; norms, biases and rope_freqs stay F32
-    norm_eps: float = 1e-6
-    rope_scaling: Llama3Rope | None = None  # llama only
-    name: str = "synthetic"
-    tokenizer: str = "test"  # "test" (llama-cpp-python) or "gpt2" (llama-server builds without `test`)
-    # mixture of experts (qwen3moe, llama4: infr/synth_moe.py)
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0  # each expert's width (llama4's shared expert too)
-    moe_step: int = 1  # llama4: every moe_step-th layer is MoE, the others dense (n_ff)
-    # qwen35's gated DeltaNet layers (infr/synth_qwen35.py): d_k = d_v, heads, conv taps, pattern
-    ssm_state: int = 0
-    ssm_k_heads: int = 0
-    ssm_v_heads: int = 0
-    ssm_conv: int = 4
-    full_attention_interval: int = 4
-    recurrent_layers: tuple[bool, ...] | None = None  # written as attention.recurrent_layers instead
-    n_rot: int = 0  # qwen35's rope.dimension_count (partial rotary)
-
-    @property
-    def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen35")
-
-    def validate(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError("head_dim must be even for RoPE")
-        if self.arch == "qwen2" and self.n_heads * self.head_dim != self.n_embd:
-            # llama.cpp's qwen2 graph sizes attn_output as n_embd x n_embd
-            raise ValueError("qwen2 needs n_heads * head_dim == n_embd")
-        if self.arch == "gemma3" and not self.sliding_window:
-            raise ValueError("gemma3 needs a sliding_window")
-        if self.arch != "gemma3" and self.sliding_window:
-            raise ValueError(f"{self.arch} has no sliding window")
-        if self.rope_scaling is not None and self.arch not in ("llama", "llama4"):
-            raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama and llama4 only")
-        synth_moe.validate(self)
-        synth_qwen35.validate(self)
-        if self.weight_type not in WEIGHT_TYPES:
-            raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
-
-
-# --- presets -----------------------------------------------------------------------------------
-
-PRESETS: dict[str, SynthSpec] = {
-    # Tiny shapes for the llama.cpp oracle: fast on a CPU, yet every feature of
-    # the family is present (GQA, untied head, Llama 3 rope_freqs, QKV bias,
-    # q/k heads wider than n_embd, a global gemma3 layer between local ones).
-    "tiny-llama": SynthSpec(
-        "llama", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=128, n_vocab=512,
-        ctx=256, rope_theta=500000.0, tied=False, norm_eps=1e-5,
-        rope_scaling=Llama3Rope(factor=8.0, original_context=64), name="tiny-llama",
-    ),
-    "tiny-qwen2": SynthSpec(
-        "qwen2", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=160, n_vocab=600,
-        ctx=256, rope_theta=1000000.0, qkv_bias=True, name="tiny-qwen2",
-    ),
-    "tiny-qwen3": SynthSpec(
-        "qwen3", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=192, n_vocab=700,
-        ctx=256, rope_theta=1000000.0, name="tiny-qwen3",
-    ),
-    "tiny-gemma3": SynthSpec(
-        "gemma3", n_layers=7, n_embd=64, n_heads=2, n_kv_heads=1, head_dim=64, n_ff=128, n_vocab=512,
-        ctx=256, rope_theta=1000000.0, sliding_window=8, name="tiny-gemma3",
-    ),
-    # MoE: a non-power-of-two expert count, top-2 of softmax (qwen3moe); top-1 of raw logits with
-    # sigmoid weights before the expert, a shared expert, dense and MoE layers, four layers so the
-    # last one is NoPE with the query temperature, rope_freqs (llama4).
-    "tiny-qwen3moe": SynthSpec(
-        "qwen3moe", n_layers=3, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=192, n_vocab=512,
-        ctx=256, rope_theta=1000000.0, tied=False, n_expert=6, n_expert_used=2, n_ff_exp=64,
-        name="tiny-qwen3moe", tokenizer="gpt2",
-    ),
-    "tiny-llama4": SynthSpec(
-        "llama4", n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, n_vocab=512,
-        ctx=16384, rope_theta=500000.0, tied=False, norm_eps=1e-5, n_expert=5, n_expert_used=1, n_ff_exp=64,
-        moe_step=2, rope_scaling=Llama3Rope(factor=8.0, original_context=64), name="tiny-llama4",
-        tokenizer="gpt2",
-    ),
-    # qwen35: DeltaNet and gated attention layers alternating (full_attention_interval 2), 4 V-heads
-    # on 2 K-heads, rope over 8 of 32 dims, a conv of 4 taps.
-    "tiny-qwen35": SynthSpec(
-        "qwen35", n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=96, n_vocab=512,
-        ctx=256, rope_theta=10000000.0, tied=False, ssm_state=16, ssm_k_heads=2, ssm_v_heads=4, ssm_conv=4,
-        full_attention_interval=2, n_rot=8, name="tiny-qwen35", tokenizer="gpt2",
-    ),
-    # Real shapes, from each model's published config.json.
-    "llama-3.2-1b": SynthSpec(
-        "llama", n_layers=16, n_embd=2048, n_heads=32, n_kv_heads=8, head_dim=64, n_ff=8192, n_vocab=128256,
-        ctx=131072, rope_theta=500000.0, tied=True, norm_eps=1e-5,
-        rope_scaling=Llama3Rope(factor=32.0), name="Llama-3.2-1B (synthetic)",
-    ),
-    "llama-3.1-8b": SynthSpec(
-        "llama", n_layers=32, n_embd=4096, n_heads=32, n_kv_heads=8, head_dim=128, n_ff=14336, n_vocab=128256,
-        ctx=131072, rope_theta=500000.0, tied=False, norm_eps=1e-5,
-        rope_scaling=Llama3Rope(factor=8.0), name="Llama-3.1-8B (synthetic)",
-    ),
-    "qwen3-0.6b": SynthSpec(
-        "qwen3", n_layers=28, n_embd=1024, n_heads=16, n_kv_heads=8, head_dim=128, n_ff=3072, n_vocab=151936,
-        ctx=40960, rope_theta=1000000.0, tied=True, name="Qwen3-0.6B (synthetic)",
-    ),
-    "qwen2.5-0.5b": SynthSpec(
-        "qwen2", n_layers=24, n_embd=896, n_heads=14, n_kv_heads=2, head_dim=64, n_ff=4864, n_vocab=151936,
-        ctx=32768, rope_theta=1000000.0, qkv_bias=True, tied=True, name="Qwen2.5-0.5B (synthetic)",
-    ),
-    # Qwen3-30B-A3B: 128 experts, 8 used, 768 wide; untied head.
-    "qwen3-30b-a3b": SynthSpec(
-        "qwen3moe", n_layers=48, n_embd=2048, n_heads=32, n_kv_heads=4, head_dim=128, n_ff=6144, n_vocab=151936,
-        ctx=40960, rope_theta=1000000.0, tied=False, n_expert=128, n_expert_used=8, n_ff_exp=768,
-        name="Qwen3-30B-A3B (synthetic)",
-    ),
-    # Llama-4-Scout-17B-16E: 16 experts top-1 and a shared expert on every layer (step 1), 8192 wide.
-    # rope_scaling: llama3 type, factor 16, low = high frequency factor 1 (as recalled from the
-    # published config; it changes only rope_freqs' values, not any shape).
-    "llama-4-scout": SynthSpec(
-        "llama4", n_layers=48, n_embd=5120, n_heads=40, n_kv_heads=8, head_dim=128, n_ff=16384, n_vocab=202048,
-        ctx=10485760, rope_theta=500000.0, tied=False, norm_eps=1e-5, n_expert=16, n_expert_used=1,
-        n_ff_exp=8192, moe_step=1, rope_scaling=Llama3Rope(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0),
-        name="Llama-4-Scout-17B-16E (synthetic)",
-    ),
-    # From the metadata of the real gemma-3-270m GGUF.
-    "gemma3-270m": SynthSpec(
-        "gemma3", n_layers=18, n_embd=640, n_heads=4, n_kv_heads=1, head_dim=256, n_ff=2048, n_vocab=262144,
-        ctx=32768, rope_theta=1000000.0, sliding_window=512, tied=True, name="Gemma-3-270M (synthetic)",
-    ),
-}
-
-
-def preset(name: str, **changes) -> SynthSpec:
-    if name not in PRESETS:
-        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **changes)
-
-
-# --- weight types ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WeightType:
-    """What `SynthSpec.weight_type` names: the file's general.file_type, the
-    matrices' default type, and whether llama.cpp's per-tensor mix applies."""
-
-    ftype: LlamaFileType
-    base: Q
-    mixed: bool
-
-
-# Facts from llama.cpp, src/llama-quant.cpp (llama_ftype_get_default_type,
-# llama_tensor_get_type_impl, tensor_type_fallback) and tools/quantize/quantize.cpp
-# (QUANT_OPTIONS), for llama-quantize without an importance matrix:
-# - every quantized file type has a default matrix type: Q4_0, Q4_1, Q5_0, Q5_1,
-#   Q8_0 theirs; Q4_K_M -> Q4_K, Q5_K_M -> Q5_K, Q6_K -> Q6_K, IQ4_XS -> IQ4_XS.
-# - the head (output.weight, or token_embd.weight in a model without output.weight)
-#   stays Q8_0 in a Q8_0 file and is Q6_K in every other one here (Q8_0 when the
-#   row length does not fit the block). An untied token_embd keeps the default.
-# - attn_v: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
-#   gives it Q5_K in every layer when n_head / n_head_kv >= 4.
-# - ffn_down: Q4_K_M and Q5_K_M give it Q6_K in the use_more_bits layers; IQ4_XS
-#   gives it Q5_K in layers below n_layer / 8 (only without an imatrix: with one,
-#   IQ4_XS leaves them be and Q4_0 makes them Q4_1).
-# - use_more_bits(i, n): i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2. The loader
-#   sorts tensors by layer, so its attn_v counter is the layer index.
-# - rows not a multiple of 256: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL.
-# - general.file_type is the file type's number (Q4_0 2, Q8_0 7, Q4_K_M 15,
-#   Q5_K_M 17, Q6_K 18, IQ4_XS 30); `--pure` keeps it and drops the mix (not the
-#   row-length fallback). Norms, biases and rope_freqs (1-D) are never quantized.
-# So a Q6_K file is all Q6_K and a Q8_0 file all Q8_0; Q4_0's head is Q6_K.
-# llama-quantize also takes Q4_K and Q5_K as aliases of Q4_K_M and Q5_K_M; here
-# they keep meaning every matrix in that one type (no file is published under
-# those names, and kernel tests rely on single-type files). "NAME-pure" is a
-# file type with every matrix in its default type, as `--pure` writes it.
-_F = LlamaFileType
-WEIGHT_TYPE_INFO: dict[str, WeightType] = {
-    "F32": WeightType(_F.ALL_F32, Q.F32, False),
-    "F16": WeightType(_F.MOSTLY_F16, Q.F16, False),
-    "BF16": WeightType(_F.MOSTLY_BF16, Q.BF16, False),
-    "Q4_K": WeightType(_F.MOSTLY_Q4_K_S, Q.Q4_K, False),
-    "Q5_K": WeightType(_F.MOSTLY_Q5_K_S, Q.Q5_K, False),
-    # llama-quantize's file types, with their mixes
-    "Q4_0": WeightType(_F.MOSTLY_Q4_0, Q.Q4_0, True),
-    "Q4_1": WeightType(_F.MOSTLY_Q4_1, Q.Q4_1, True),
-    "Q5_0": WeightType(_F.MOSTLY_Q5_0, Q.Q5_0, True),
-    "Q5_1": WeightType(_F.MOSTLY_Q5_1, Q.Q5_1, True),
-    "Q8_0": WeightType(_F.MOSTLY_Q8_0, Q.Q8_0, True),
-    "Q4_K_M": WeightType(_F.MOSTLY_Q4_K_M, Q.Q4_K, True),
-    "Q5_K_M": WeightType(_F.MOSTLY_Q5_K_M, Q.Q5_K, True),
-    "Q6_K": WeightType(_F.MOSTLY_Q6_K, Q.Q6_K, True),
-    "IQ4_XS": WeightType(_F.MOSTLY_IQ4_XS, Q.IQ4_XS, True),
-}
-WEIGHT_TYPE_INFO.update({f"{name}-pure": replace(wt, mixed=False)
-                         for name, wt in list(WEIGHT_TYPE_INFO.items()) if wt.mixed})
-WEIGHT_TYPES = tuple(WEIGHT_TYPE_INFO)
-FILE_TYPES = {name: wt.ftype for name, wt in WEIGHT_TYPE_INFO.items()}
-# What benchmarks use when a preset comes without a type: the file most users download.
-DEFAULT_MIX = "Q4_K_M"
 
 # llama.cpp's substitutes when a row length is not a multiple of 256.
 K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.IQ4_XS: Q.IQ4_NL}
@@ -310,7 +80,7 @@ def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
         return moe
     layer, n = int(name.split(".")[1]), spec.n_layers
     k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
-    if name.endswith("attn_v.weight"):
+    if name.endswith(("attn_v.weight", "attn_qkv.weight")):  # one category (qwen35's DeltaNet qkv)
         if k_mix and _use_more_bits(layer, n):
             return Q.Q6_K
         if wt.ftype == _F.MOSTLY_IQ4_XS and spec.n_heads // spec.n_kv_heads >= 4:
@@ -370,8 +140,14 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
     if spec.rope_scaling is not None:
         vec("rope_freqs.weight", hd // 2, "rope_freqs")
     for i in range(spec.n_layers):
-        if spec.arch == "qwen35":
+        if spec.arch in synth_qwen35.QWEN35_ARCHS:
             synth_qwen35.layer_tensors(spec, i, mat, vec, raw)
+            if synth_moe.is_moe_layer(spec, i):
+                synth_moe.ffn_tensors(spec, i, mat, bank, vec)
+            else:
+                mat(f"blk.{i}.ffn_gate.weight", ff, e)
+                mat(f"blk.{i}.ffn_up.weight", ff, e)
+                mat(f"blk.{i}.ffn_down.weight", e, ff)
             continue
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e, "norm")
@@ -390,7 +166,7 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
             vec(p + "post_attention_norm.weight", e, "norm")
         vec(p + "ffn_norm.weight", e, "norm")
         if synth_moe.is_moe_layer(spec, i):
-            synth_moe.ffn_tensors(spec, i, mat, bank)
+            synth_moe.ffn_tensors(spec, i, mat, bank, vec)
         else:
             mat(p + "ffn_gate.weight", ff, e)
             mat(p + "ffn_up.weight", ff, e)
@@ -418,6 +194,8 @@ def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
         return np.float32(1.0) + _uniform(seed, t.name, 0, n, NORM_SPREAD)
     if t.kind == "ssm_a":  # -exp(A_log), A_log uniform in -1..1
         return (-np.exp(_uniform(seed, t.name, 0, n, 1.0))).astype(np.float32)
+    if t.kind == "row":  # one matrix row (qwen35moe's shared-expert gate): a matrix's scale
+        return _uniform(seed, t.name, 0, n, math.sqrt(3.0 / n))
     return _uniform(seed, t.name, 0, n, BIAS_STD * math.sqrt(3.0))
 
 

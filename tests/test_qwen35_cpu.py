@@ -196,16 +196,19 @@ def test_prompt_in_chunks_gives_one_passes_logits(tiny_path):
     np.testing.assert_allclose(np.vstack(parts), one, rtol=0, atol=2e-3)
 
 
-def test_batched_equals_alone_through_the_engine(tiny_path):
+@pytest.mark.parametrize("preset,weight_type", [("tiny-qwen35", "F32"), ("tiny-qwen35moe", "Q8_0")])
+def test_batched_equals_alone_through_the_engine(tmp_path, preset, weight_type):
     """Five greedy requests of different lengths share the engine's steps, each row reading and
-    writing its own sequence's recurrent state, and give exactly the tokens each gives alone."""
+    writing its own sequence's recurrent state (and, qwen35moe, routed to its own experts), and give
+    exactly the tokens each gives alone."""
     from infr.engine import Model
     from infr.sampling import SamplingParams
     from infr.scheduler import Request
 
+    path = synth.write_gguf(replace(synth.PRESETS[preset], weight_type=weight_type), tmp_path / "m.gguf")
     rng = np.random.default_rng(4)
     prompts = [rng.integers(2, 512, n).tolist() for n in (3, 9, 17, 40, 70)]
-    model = Model(tiny_path, n_ctx=100, backend="cpu", parallel=5, kv_tokens=5 * 100)
+    model = Model(path, n_ctx=100, backend="cpu", parallel=5, kv_tokens=5 * 100)
     greedy = SamplingParams(temperature=0.0)
 
     def run(ps, **kw):

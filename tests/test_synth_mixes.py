@@ -151,3 +151,29 @@ def test_iq4_blocks_decode_to_the_weights(qtype):
         assert err(back, r) < 1.05 * err(peer, r)
     zeros = np.zeros((2, 256), np.float32)
     np.testing.assert_array_equal(dequantize(synth.encode(zeros, qtype), qtype), 0.0)
+
+
+@pytest.mark.parametrize("preset,low,high", [("qwen35-4b", 4.1e9, 4.3e9), ("qwen35-35b-a3b", 34.4e9, 34.9e9)])
+def test_qwen35_real_shapes_in_the_q4_k_m_mix(preset, low, high):
+    # Text towers: Qwen3.5-4B ~4.2B parameters, Qwen3.5-35B-A3B ~34.7B (the published totals add a
+    # vision tower). llama-quantize puts attn_qkv (the DeltaNet's input projection) in attn_v's
+    # category: Q6_K in the use_more_bits layers like attn_v; it never quantizes ssm_conv1d (by name)
+    # or 1-D tensors (ssm_a, ssm_dt, the shared expert's gate); attn_gate, ssm_alpha/beta/out take
+    # the default type.
+    spec = synth.preset(preset, weight_type="Q4_K_M")
+    plans = synth.tensor_plans(spec)
+    assert low < sum(int(np.prod(t.shape)) for t in plans) < high
+    n = spec.n_layers
+    more = {i for i in range(n) if i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2}
+    types = {t.name: t.qtype for t in plans}
+    for i in range(n):
+        v = f"blk.{i}.attn_v.weight" if (i + 1) % 4 == 0 else f"blk.{i}.attn_qkv.weight"
+        assert types[v] == (Q.Q6_K if i in more else Q.Q4_K), v
+        if (i + 1) % 4:
+            assert types[f"blk.{i}.ssm_conv1d.weight"] == Q.F32 and types[f"blk.{i}.ssm_a"] == Q.F32
+            assert {types[f"blk.{i}.{m}.weight"] for m in ("attn_gate", "ssm_alpha", "ssm_beta", "ssm_out")} == {Q.Q4_K}
+    if spec.n_expert:
+        assert types["blk.0.ffn_gate_inp_shexp.weight"] == Q.F32 and types["blk.0.ffn_gate_inp.weight"] == Q.F32
+        for i in (0, min(set(range(n)) - more)):  # the layer read from the name, for banks and shared alike
+            want = Q.Q6_K if i in more else Q.Q4_K
+            assert types[f"blk.{i}.ffn_down_exps.weight"] == types[f"blk.{i}.ffn_down_shexp.weight"] == want

@@ -6,7 +6,7 @@ from typing import Callable
 
 from infr.errors import UnsupportedError
 from infr.gguf_file import GGUFFile
-from infr.models import gemma3, llama, llama4, qwen2, qwen3, qwen3moe, qwen35
+from infr.models import gemma3, llama, llama4, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
 from infr.models.spec import ModelSpec
 
 FAMILIES: dict[str, Callable[[GGUFFile], ModelSpec]] = {
@@ -17,6 +17,7 @@ FAMILIES: dict[str, Callable[[GGUFFile], ModelSpec]] = {
     "qwen3moe": qwen3moe.build,
     "llama4": llama4.build,
     "qwen35": qwen35.build,
+    "qwen35moe": qwen35moe.build,
 }
 
 

@@ -17,8 +17,8 @@ import numpy as np
 from infr.errors import GGUFError
 from infr.gguf_file import GGUFFile
 from infr.models.hparams import read_hparams
-from infr.models.spec import (Activation, AttentionSpec, DeltaNetSpec, FFNSpec, LayerSpec, ModelSpec, RopeSpec,
-                              RopeStyle)
+from infr.models.spec import (Activation, AttentionSpec, DeltaNetSpec, FFNSpec, LayerSpec, ModelSpec, MoESpec,
+                              RopeSpec, RopeStyle)
 
 FULL_ATTENTION_INTERVAL = 4  # llama.cpp's default when the file has neither layer-pattern key
 
@@ -79,12 +79,17 @@ def build(gf: GGUFFile) -> ModelSpec:
     hp = read_hparams(gf)
     if hp.n_ff <= 0:
         raise GGUFError(f"{gf.path.name}: qwen35 needs feed_forward_length")
+    return hybrid_spec(gf, hp, FFNSpec(hp.n_ff, Activation.SILU))
+
+
+def hybrid_spec(gf: GGUFFile, hp, ffn: FFNSpec | MoESpec) -> ModelSpec:
+    """The qwen35 trunk (its mixers by layer pattern, post_attention_norm before the FFN) with ffn
+    on every layer: qwen35's dense SwiGLU or qwen35moe's experts."""
     recurrent = recurrent_layers(gf, hp.n_layers)
     mixer = deltanet_spec(gf) if any(recurrent) else None
     scale = float(gf.arch_key("attention.scale", 0.0)) or hp.default_scale
     attention = AttentionSpec(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.v_head_dim, rope_spec(gf, hp), scale,
                               qk_norm=True, output_gate=True)
-    ffn = FFNSpec(hp.n_ff, Activation.SILU)
     layers = tuple(LayerSpec(i, attention, ffn, mixer=mixer if recurrent[i] else None,
                              ffn_norm="post_attention_norm") for i in range(hp.n_layers))
     return ModelSpec(gf.arch, hp.name, hp.n_embd, hp.n_vocab, hp.n_ctx_train, hp.norm_eps, layers,
