@@ -48,19 +48,47 @@ def takes_q8(qtype) -> bool:
     return Q(int(qtype)) in Q8_ACTIVATIONS
 
 
-def quantize_q8(x: np.ndarray) -> np.ndarray:
-    """x rounded to 8 bits per 32 values along its last axis: d = max|x| / 127,
-    q = round(x / d) (half to even); returns d * q as float32."""
+# How activations are rounded to 8 bits (docs/numerics.md): "infr" (the default) keeps the f32 scale
+# d = max|x| / 127 and q = round-half-even(x / d); "llamacpp" is llama.cpp's CPU on x86 (its AVX /
+# AVX2 / AVX-512 quantize_row_q8_0, what made the oracle fixtures): q = round-half-even(x * (127 /
+# max|x|)), and the value is q * f16(d), the scale as block_q8_0 stores it. A plan carries one
+# (Plan.q8_rounding); both backends honour it in every path that rounds.
+INFR = "infr"
+LLAMACPP = "llamacpp"
+ROUNDINGS = (INFR, LLAMACPP)
+
+
+def check_rounding(rounding: str) -> str:
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"activation rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+    return rounding
+
+
+def q8_parts(x: np.ndarray, rounding: str = INFR) -> tuple[np.ndarray, np.ndarray]:
+    """x rounded to 8 bits per 32 values along its last axis, as (q [..., n, 32] float32 integers,
+    d [..., n, 1] the scale each block's q multiplies); q * d is the rounded value."""
     blocks = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
-    d = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(d > 0, np.rint(blocks / d), np.float32(0))
+    m = np.max(np.abs(blocks), axis=-1, keepdims=True)
+    d = m / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if check_rounding(rounding) == INFR:
+            q = np.where(d > 0, np.rint(blocks / d), np.float32(0))
+        else:  # inverse 127 / max (not 1 / d), then one product: llama.cpp's x86 order of operations
+            q = np.rint(blocks * np.where(m > 0, np.float32(127) / m, np.float32(0)))
+            d = d.astype(np.float16).astype(np.float32)
+    return q.astype(np.float32, copy=False), d
+
+
+def quantize_q8(x: np.ndarray, rounding: str = INFR) -> np.ndarray:
+    """x rounded to 8 bits per 32 values along its last axis (q8_parts), as float32 values q * d.
+    The default: d = max|x| / 127, q = round(x / d) (half to even)."""
+    q, d = q8_parts(x, rounding)
     return (q * d).reshape(x.shape).astype(np.float32, copy=False)
 
 
-def matmul_input(x: np.ndarray, qtype) -> np.ndarray:
+def matmul_input(x: np.ndarray, qtype, rounding: str = INFR) -> np.ndarray:
     """The activations a matmul with `qtype` weights multiplies."""
-    return quantize_q8(x) if takes_q8(qtype) else x
+    return quantize_q8(x, rounding) if takes_q8(qtype) else x
 
 
 # --- the sampler (infr/cpu/sample.py is its numpy twin, wgsl/sample*.wgsl the kernel)

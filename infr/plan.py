@@ -64,6 +64,12 @@ class Plan:
     layers: tuple[Op, ...]
     head: tuple[Op, ...]  # reads "x", writes "logits"
     state: tuple[LayerState, ...] = ()  # per layer, what a sequence keeps between steps
+    # How the matmuls marked q8 round their activations (numerics.ROUNDINGS): infr's, or llama.cpp's
+    # for the oracle tests; both backends read it here.
+    q8_rounding: str = numerics.INFR
+
+    def __post_init__(self):
+        numerics.check_rounding(self.q8_rounding)
 
     @property
     def ops(self) -> tuple[Op, ...]:

@@ -8,15 +8,16 @@ decoding one token at a time, and for llama4 a prompt past its 8192-token attent
 Greedy tokens must be identical and every probability within MAX_DP of llama.cpp's (the issue's
 bound); the chunk mask's ablation must fail that bound.
 
-Q8_0: llama.cpp rounds a quantized matmul's activations to 8 bits per 32 values with an f16
-scale, rounding halves away from zero; infr (both backends, infr/numerics.py, docs/numerics.md)
-keeps an f32 scale and rounds halves to even, so it stays close to llama.cpp, not equal
-(measured on these models: max |dp| 2.3e-3 teacher-forced, 7.7e-3 decoding, and a greedy token
-can differ). The Q8_0 cases therefore run with llama.cpp's rounding in place of infr's
-(`llamacpp_q8`, written from ggml's quantize_row_q8_0): what they check is everything else, the
-expert banks in their block type included. Left then: up to 6.6e-4 (qwen3moe, one batch) and
-1.0e-3 (llama4, 8200 tokens), where a router near-tie or a rounding step falls differently after
-f32 sums in another order; hence MAX_DP_Q8.
+Q8_0: infr rounds a quantized matmul's activations to 8 bits per 32 values its own way (f32
+scale, d = max|x| / 127, x / d rounded half to even); llama.cpp's CPU on x86, which made the
+fixtures, multiplies by 127 / max|x| and keeps the scale as f16 (docs/numerics.md). With infr's
+rounding these models were within 2.3e-3 teacher-forced and 7.7e-3 decoding, and a greedy token
+could differ. So every oracle plan here takes llama.cpp's (Plan.q8_rounding = "llamacpp",
+honoured by both backends; F32 matmuls do not round, so the F32 models are unchanged): what the
+Q8_0 cases check is everything else, the expert banks in their block type included. Left then:
+up to 6.6e-4 (qwen3moe, every row of one batch; its one-token decode steps are within 3e-8) and
+1.8e-4 decoding, 1.0e-3 after 8200 tokens (llama4), where a router near-tie or a rounding step
+falls differently after f32 sums in another order; hence MAX_DP_Q8.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from infr.cpu.backend import CPUBackend
 from infr.gguf_file import open_gguf
 from infr.models import build_spec
 from infr.models.spec import Gating, MoESpec
-from infr.plan import build_plan
+from infr.numerics import LLAMACPP
+from infr.plan import Plan, build_plan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "moe.json"
 DATA = json.loads(FIXTURE.read_text())
@@ -49,51 +51,14 @@ MAX_DP = 1e-4
 MAX_DP_Q8 = 2e-3
 
 
-def llamacpp_q8(x: np.ndarray) -> np.ndarray:
-    """ggml's quantize_row_q8_0 as values: per 32, d = max|x| / 127, q = roundf(x * (1 / d)) (halves
-    away from zero), the value q * f16(d)."""
-    b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
-    d = np.max(np.abs(b), axis=-1, keepdims=True) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
-    y = b * inv
-    q = np.trunc(y + np.copysign(np.float32(0.5), y))
-    return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape).astype(np.float32)
-
-
-def llamacpp_q8_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """llamacpp_q8 as the CPU's integer path takes it (infr/cpu/mmq.py quantize): (q, d, d * sum q)."""
-    t, k = x.shape
-    b = np.asarray(x, np.float32).reshape(t, k // 32, 32)
-    d = np.max(np.abs(b), axis=-1) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
-    y = b * inv[..., None]
-    q = np.trunc(y + np.copysign(np.float32(0.5), y)).astype(np.float32)
-    d16 = d.astype(np.float16).astype(np.float32)
-    return q.reshape(t, k), d16, d16 * q.sum(axis=-1, dtype=np.float32)
-
-
 def use_llamacpp_rounding(monkeypatch) -> None:
-    """llama.cpp's activation rounding in place of infr's, in every CPU path that rounds."""
-    import infr.cpu.mmq
-    import infr.cpu.moe
-    import infr.cpu.ops
-
-    monkeypatch.setattr(infr.cpu.ops, "quantize_q8", llamacpp_q8)
-    monkeypatch.setattr(infr.cpu.moe, "quantize_q8", llamacpp_q8)
-    monkeypatch.setattr(infr.cpu.mmq, "quantize", llamacpp_q8_parts)  # generated rows' integer path
+    """Kept for test_qwen35_exact: backend() now builds every oracle plan with llama.cpp's rounding
+    (Plan.q8_rounding), so there is nothing left to patch."""
 
 
-@pytest.fixture
-def rounding(monkeypatch):
-    """For key's weight type: the bound, with llama.cpp's activation rounding in place for Q8_0."""
-
-    def use(key: str) -> float:
-        if DATA["models"][key]["weight_type"] == "F32":
-            return MAX_DP
-        use_llamacpp_rounding(monkeypatch)
-        return MAX_DP_Q8
-
-    return use
+def bound(key: str) -> float:
+    """The bound for key's weight type."""
+    return MAX_DP if DATA["models"][key]["weight_type"] == "F32" else MAX_DP_Q8
 
 
 def rows(entry: dict, n_vocab: int) -> np.ndarray:
@@ -121,12 +86,18 @@ def models(tmp_path_factory):
     return get
 
 
-def backend(path: Path, n_ctx: int, spec_edit=None) -> CPUBackend:
-    gf = open_gguf(path)
+def oracle_plan(gf, spec_edit=None) -> Plan:
+    """The file's plan with llama.cpp's activation rounding (numerics.LLAMACPP): what the oracle
+    computed. It changes only matmuls whose input is rounded to 8 bits (Q8_0 here, not F32)."""
     spec = build_spec(gf)
     if spec_edit is not None:
         spec = spec_edit(spec)
-    return CPUBackend(gf, build_plan(spec), n_ctx)
+    return replace(build_plan(spec), q8_rounding=LLAMACPP)
+
+
+def backend(path: Path, n_ctx: int, spec_edit=None) -> CPUBackend:
+    gf = open_gguf(path)
+    return CPUBackend(gf, oracle_plan(gf, spec_edit), n_ctx)
 
 
 def assert_close(key: str, got_logits: np.ndarray, want: np.ndarray, tokens: list[int] | None = None,
@@ -170,13 +141,13 @@ def check_decode(data: dict, path: Path, key: str, bound: float) -> None:
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_teacher_forced_batch_matches_llamacpp(models, rounding, key):
-    check_teacher(DATA, models(key), key, rounding(key))
+def test_teacher_forced_batch_matches_llamacpp(models, key):
+    check_teacher(DATA, models(key), key, bound(key))
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_greedy_decode_matches_llamacpp(models, rounding, key):
-    check_decode(DATA, models(key), key, rounding(key))
+def test_greedy_decode_matches_llamacpp(models, key):
+    check_decode(DATA, models(key), key, bound(key))
 
 
 def _long(key: str) -> tuple[dict, list[int]]:
@@ -187,13 +158,12 @@ def _long(key: str) -> tuple[dict, list[int]]:
 
 
 @pytest.mark.parametrize("key", LONG)
-def test_llama4_prompt_past_the_attention_chunk_matches_llamacpp(models, rounding, key):
-    bound = rounding(key)
+def test_llama4_prompt_past_the_attention_chunk_matches_llamacpp(models, key):
     m, ids = _long(key)
     lg = m["long"]
     assert len(ids) > 8192 + 1  # the last rows' chunked layers see keys 8192.. only; tau(p) > 1 on NoPE layers
     got = decode(backend(models(key), DATA["long_ctx"]), ids, lg["tokens"])
-    assert_close(key, got, rows(lg, m["n_vocab"]), lg["tokens"], bound)
+    assert_close(key, got, rows(lg, m["n_vocab"]), lg["tokens"], bound(key))
 
 
 def _without_chunks(spec):

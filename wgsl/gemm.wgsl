@@ -50,7 +50,7 @@ const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 32u;
 const Q8X: bool = {{Q8X}};
-
+// #include q8_head_{{Q8_ROUND}}
 // [k][token / 4] and [k][row / 4]: 8 KiB each (16 KiB in all, WebGPU's minimum limit).
 var<workgroup> xs: array<vec4<f32>, 512>;
 var<workgroup> ws: array<vec4<f32>, 512>;
@@ -102,11 +102,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             workgroupBarrier();
             let g = tid & ~3u;
             let m = max(max(ws[g].x, ws[g + 1u].x), max(ws[g + 2u].x, ws[g + 3u].x));
-            let d = m / 127.0;
-            if (d > 0.0) {
-                xa = round(xa / d) * d;
-                xb = round(xb / d) * d;
-            }
+// #include gemm_q8_{{Q8_ROUND}}
             workgroupBarrier();
         }
         let c = ld % 4u;

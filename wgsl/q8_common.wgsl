@@ -2,7 +2,7 @@
 // and rmsnorm_q8.wgsl (the layout is in quantize_q8.wgsl's header). The
 // including kernel declares `xq: array<u32>` (read_write) and runs 256
 // invocations; each owns 4 consecutive values, 8 invocations one block.
-
+// #include q8_head_{{Q8_ROUND}}
 var<workgroup> q8_amax: array<f32, 256>;
 var<workgroup> q8_isum: array<i32, 256>;
 
@@ -17,11 +17,7 @@ fn q8_store(vals: vec4<f32>, v: u32, tid: u32, live: bool, row: u32, K: u32) {
     for (var k = 0u; k < 8u; k++) {
         m = max(m, q8_amax[lead + k]);
     }
-    let d = m / 127.0;
-    var q = vec4<i32>(0);
-    if (d > 0.0) {
-        q = vec4<i32>(round(vals / d));
-    }
+// #include q8_round_{{Q8_ROUND}}
     q8_isum[tid] = q.x + q.y + q.z + q.w;
     workgroupBarrier();
     if (live) {

@@ -254,19 +254,17 @@ class CPUBackend:
         # a new op kind must be implemented here before a plan may use it
         raise NotImplementedError(type(op).__name__)
 
-    @staticmethod
-    def _parts(env: dict[str, np.ndarray], src: str) -> "_Q8":
+    def _parts(self, env: dict[str, np.ndarray], src: str) -> "_Q8":
         """Value src rounded to 8 bits, as integer parts (mmq.quantize): once per value for every
         matmul that reads it, as _rounded."""
         x = env[src]
         key = "q8p:" + src
         got = env.get(key)
         if got is None or got[0] is not x:
-            env[key] = got = (x, _Q8(*mmq.quantize(x)))
+            env[key] = got = (x, _Q8(*mmq.quantize(x, self.plan.q8_rounding)))
         return got[1]
 
-    @staticmethod
-    def _rounded(env: dict[str, np.ndarray], src: str) -> np.ndarray:
+    def _rounded(self, env: dict[str, np.ndarray], src: str) -> np.ndarray:
         """Value src rounded to 8 bits (the input of a matmul marked q8): once per value for every
         matmul that reads it (q, k and v share one rounding, gate and up another; on SmolLM2's
         decode the numpy calls of the rounding were ~12 ms of a 57 ms token)."""
@@ -274,7 +272,7 @@ class CPUBackend:
         key = "q8:" + src
         got = env.get(key)
         if got is None or got[0] is not x:  # another value under that name since: round it anew
-            env[key] = got = (x, F.quantize_q8(x))
+            env[key] = got = (x, F.quantize_q8(x, self.plan.q8_rounding))
         return got[1]
 
     def _attention(self, op: Attention, q: np.ndarray, ctx: "_Rows") -> np.ndarray:

@@ -25,9 +25,10 @@ def compile_op(be, op) -> Callable | None:
         banks = [ExpertBank(be.gf.tensor(name), cache) for name in op.banks]
         be.__dict__.setdefault("expert_banks", {}).update({b.name: b for b in banks})
         q8 = op.q8 if op.q8 is not None else (False,) * len(banks)
+        rounding = be.plan.q8_rounding
 
         def moe(env, ids, ctx):
-            env[op.dst] = moe_forward(env[op.src], env[op.logits], op.spec, banks, q8)
+            env[op.dst] = moe_forward(env[op.src], env[op.logits], op.spec, banks, q8, rounding)
         return moe
     if isinstance(op, SigmoidGate):
         wv = be.w[op.weight]

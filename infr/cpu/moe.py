@@ -25,7 +25,7 @@ from infr.cpu import ops as F
 from infr.cpu.dequant import dequantize
 from infr.gguf_file import Tensor
 from infr.models.spec import Gating, MoESpec
-from infr.numerics import check_supported, quantize_q8
+from infr.numerics import INFR, check_supported, quantize_q8
 
 F32 = np.float32
 RENORM_FLOOR = np.float32(6.103515625e-5)  # llama.cpp clamps the weights' sum to the smallest f16 normal
@@ -110,8 +110,9 @@ def route(logits: np.ndarray, m: MoESpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[ExpertBank],
-                q8: tuple[bool, ...]) -> np.ndarray:
-    """The experts' weighted sum for each row of h [T, n_embd]."""
+                q8: tuple[bool, ...], rounding: str = INFR) -> np.ndarray:
+    """The experts' weighted sum for each row of h [T, n_embd]; q8: which banks take rounded input,
+    rounded `rounding`'s way (numerics.ROUNDINGS)."""
     chosen, w = route(logits, m)
     t, k = chosen.shape
     n_embd = h.shape[1]
@@ -124,7 +125,7 @@ def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[Exper
         if m.weight_before:
             x = x * w[rows, slots][:, None]
         if q8_up:
-            x = quantize_q8(x)
+            x = quantize_q8(x, rounding)
         mats = [b[e].T for b in up_banks]
         dt = down[e].T
         for i, (r, s) in enumerate(zip(rows, slots)):
@@ -135,7 +136,7 @@ def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[Exper
                 g, u = x[i] @ mats[0], x[i] @ mats[1]
             a = F.gated_act(g, u, m.activation)
             if q8_down:
-                a = quantize_q8(a)
+                a = quantize_q8(a, rounding)
             y = a @ dt
             if not m.weight_before:
                 y = y * w[r, s]

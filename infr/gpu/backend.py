@@ -69,7 +69,7 @@ class GPUBackend(Graphs):
         self.dev = dev or get_device()
         self.name = "dawn" if self.dev.dawn else "gpu"
         profile.install_from_env()
-        self.kern = kernels or _shared_kernels(self.dev)
+        self.kern = (kernels or _shared_kernels(self.dev)).rounding(plan.q8_rounding)  # the plan's 8-bit rounding
         for name in plan.weights():
             check_supported(gf.tensor(name))
         self.host_moe = HM.host_layers(plan, cpu_moe)  # layers whose experts run on the host

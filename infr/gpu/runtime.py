@@ -4,10 +4,14 @@ Kernels live in `wgsl/NAME.wgsl`. A source may hold `{{KEY}}` placeholders,
 filled from the constants a pipeline is asked for (the "small template step":
 workgroup sizes, the quant type's block reader). One compiled pipeline per
 (file, entry, constants), built once per process and shared by every model.
+Q8_ROUND (the activation rounding, infr.numerics.ROUNDINGS) is the one constant
+with a default, infr's: a plan that asks for another gets a view of the cache
+that passes it to every pipeline (Kernels.rounding).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 import importlib.util
@@ -17,8 +21,11 @@ from typing import Sequence
 import numpy as np
 
 from infr.gpu.device import Device
+from infr.numerics import INFR, check_rounding
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# Q8_ROUND picks the kernels' 8-bit rounding: wgsl/q8_round_*, q8_head_*, gemm_q8_* (docs/numerics.md).
+DEFAULT_CONSTS = {"Q8_ROUND": INFR}
 
 
 def wgsl_dir() -> Path:
@@ -43,7 +50,7 @@ def render_source(src: str, consts: dict[str, object] | None = None, name: str =
     Includes are recursive (a quant reader includes quant_common) and each file
     is pulled in once per final source: WGSL rejects a function defined twice.
     """
-    consts = consts or {}
+    consts = {**DEFAULT_CONSTS, **(consts or {})}
     seen: set[str] = set()
 
     def fill(text: str, where: str) -> str:
@@ -69,22 +76,45 @@ def render_source(src: str, consts: dict[str, object] | None = None, name: str =
 class Kernels:
     """Pipeline cache for one device."""
 
+    q8_rounding = INFR  # how the kernels that round activations round them (rounding())
+
     def __init__(self, dev: Device):
         self.dev = dev
         self._cache: dict[tuple, object] = {}
+        self._by_source: dict[tuple, object] = {}  # (code, entry, unchecked) -> pipeline: one per source
+        self._views: dict[str, Kernels] = {INFR: self}
         self.compile_seconds = 0.0
+
+    def rounding(self, mode: str) -> "Kernels":
+        """These kernels with activations rounded `mode`'s way (numerics.ROUNDINGS): the same
+        device and compiled pipelines, Q8_ROUND = mode passed to every pipeline asked for (one
+        that does not read it renders the same source, so it is not compiled twice). One view per
+        mode, kept here: caches keyed by a Kernels (scratch buffers) see one object per mode."""
+        view = self._views.get(check_rounding(mode))
+        if view is None:
+            view = self._views[mode] = copy.copy(self)  # shares the dicts above
+            view.q8_rounding = mode
+        return view
 
     def pipeline(self, name: str, entry: str = "main", unchecked: bool = False, **consts: object):
         """The compiled `entry` of wgsl/NAME.wgsl; `unchecked`: without wgpu's
         runtime checks (see unchecked_module), for kernels whose every index is
         in range by construction."""
+        if self.q8_rounding != INFR:
+            consts.setdefault("Q8_ROUND", self.q8_rounding)
         key = (name, entry, unchecked, tuple(sorted(consts.items())))
         pipe = self._cache.get(key)
+        if pipe is None:
+            code = load_source(name, consts)
+            pipe = self._cache[key] = self._compile(name, entry, unchecked, code)
+        return pipe
+
+    def _compile(self, name: str, entry: str, unchecked: bool, code: str):
+        pipe = self._by_source.get((code, entry, unchecked))
         if pipe is None:
             import time
 
             t0 = time.perf_counter()
-            code = load_source(name, consts)
             if self.dev.dawn:
                 # Tint wants the enables naga refuses; Dawn's robustness is off device-wide
                 # (device.DAWN_TOGGLES), so `unchecked` needs nothing more there.
@@ -93,11 +123,10 @@ class Kernels:
                 module = unchecked_module(self.dev.device, name, code)
             else:
                 module = self.dev.device.create_shader_module(label=name, code=code)
-            pipe = self.dev.device.create_compute_pipeline(
+            pipe = self._by_source[(code, entry, unchecked)] = self.dev.device.create_compute_pipeline(
                 label=f"{name}:{entry}", layout="auto", compute={"module": module, "entry_point": entry}
             )
             self.compile_seconds += time.perf_counter() - t0
-            self._cache[key] = pipe
         return pipe
 
     def bind(self, pipeline, resources_: Sequence[object]):

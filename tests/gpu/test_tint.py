@@ -9,11 +9,17 @@ limits (workgroup memory, bindings) belong to the real adapter and are not check
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from infr import synth
 from infr.engine import Model
+from infr.gguf_file import open_gguf
+from infr.gpu.backend import GPUBackend
+from infr.models import build_spec
+from infr.numerics import INFR, LLAMACPP
+from infr.plan import build_plan
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
@@ -74,7 +80,8 @@ def _record_pipelines(monkeypatch) -> set:
     real = R.Kernels.pipeline
 
     def record(self, name, entry="main", unchecked=False, **consts):
-        asked.add(_key(name, entry, consts))
+        mode = {} if self.q8_rounding == INFR else {"Q8_ROUND": self.q8_rounding}  # what a Kernels.rounding view adds
+        asked.add(_key(name, entry, {**mode, **consts}))
         return real(self, name, entry, unchecked, **consts)
 
     monkeypatch.setattr(R.Kernels, "pipeline", record)
@@ -107,6 +114,24 @@ def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
     names = {k[0] for k in asked}
     assert {"query_temp", "rmsnorm", "attention", "attn_tiled", "moe_route"} <= names, names
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_llamacpp_rounding_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    """The kernels of a plan with llama.cpp's activation rounding (Plan.q8_rounding: the oracle
+    tests'), a tiny Q8_0 llama4 prompt and decode step: quantize_q8, the f32 GEMM and the attention
+    output rounding in their llamacpp form."""
+    asked = _record_pipelines(monkeypatch)
+    path = synth.write_gguf(synth.preset("tiny-llama4", weight_type="Q8_0"), tmp_path / "l4.gguf")
+    gf = open_gguf(path)
+    be = GPUBackend(gf, replace(build_plan(build_spec(gf)), q8_rounding=LLAMACPP), 128)
+    be.forward(list(range(1, 70)), 0)
+    be.forward([5], 69)
+    rounding = {k[0] for k in asked if ("Q8_ROUND", LLAMACPP) in k[2]}
+    assert {"quantize_q8", "gemm"} <= rounding, rounding
+    sources = {R.load_source(n, dict(c)) for n, _, c in asked if n in ("quantize_q8", "gemm")}
+    assert any("q8_inverse" in src for src in sources)  # the llamacpp snippets are in
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
