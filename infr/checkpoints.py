@@ -109,6 +109,9 @@ class Checkpoints:
     def line(self) -> str:
         """The start-up report: snapshot size and the cache's room."""
         n = self.budget_bytes // self.bytes_per_snapshot
-        return (f"recurrent state {self.bytes_per_snapshot / 2**20:.2f} MiB per sequence; "
-                f"prefix checkpoints: up to {n} ({self.budget_bytes / 2**20:.1f} MiB), "
-                f"every {self.every} blocks and at each prompt's last block boundary")
+        return (f"recurrent state {_size(self.bytes_per_snapshot)} per sequence; prefix checkpoints: up to {n} "
+                f"({_size(self.budget_bytes)}), every {self.every} blocks and at each prompt's last block boundary")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
