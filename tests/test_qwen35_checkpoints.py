@@ -189,3 +189,24 @@ def test_a_rewound_session_restores_the_checkpoint_before_the_rewind(tiny_path):
     again = s.prefill(ids[:50] + [7, 8])
     assert s.stats.reused_tokens - before == 32  # from the snapshot at 32, not from 0
     np.testing.assert_array_equal(again, alone.forward(ids[:50] + [7, 8], 0)[-1])
+
+
+def test_a_kv_budget_leaves_room_for_every_slots_recurrent_state(tiny_path):
+    from infr.gguf_file import open_gguf
+    from infr.kvpool import KVBudget, store_sizes
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    plan = build_plan(build_spec(open_gguf(tiny_path)))
+    block = 32 * plan.kv_bytes_per_token()
+    state = plan.recurrent_bytes_per_sequence
+
+    class Device:  # the memory a backend finds free: room for 64 blocks and 4 sequences' states
+        name, multi_step, kv_bytes_per_token = "test", 1, plan.kv_bytes_per_token()
+
+        def free_memory(self):
+            return KVBudget.RESERVE + 64 * block + 4 * state, "here"
+
+    sizes = lambda seqs: store_sizes(Device(), plan, KVBudget(1.0), 32, 4, max_seqs=seqs)[0]  # noqa: E731
+    assert sizes(4) == 64
+    assert sizes(1) == 64 + 3 * state // block > 64  # fewer slots' states: the rest goes to KV blocks
