@@ -78,7 +78,22 @@ def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None,
                       batch_tokens=batch_tokens, cpu_moe=cpu_moe)
 
 
-class Backend(Protocol):
+class RecurrentStates(Protocol):
+    """A backend's per-slot recurrent (DeltaNet) state, saved and restored whole: the engine's prefix
+    checkpoints (infr/checkpoints.py). Called only for plans with recurrent layers (Plan.recurrent)."""
+
+    def save_state(self, slot: int) -> object:
+        """An opaque snapshot of every recurrent layer's state of slot as it stands after the last
+        step: a copy, unchanged by later steps of any slot."""
+        ...
+
+    def load_state(self, slot: int, snap: object, pos: int) -> None:
+        """Slot's state becomes a copy of snap (from save_state), standing at position pos: its
+        next row is at pos. The snapshot stays usable for other slots."""
+        ...
+
+
+class Backend(RecurrentStates, Protocol):
     """What the engine needs of a backend (infr/cpu/backend.py, infr/gpu/backend.py)."""
 
     name: str

@@ -22,6 +22,7 @@ import numpy as np
 from infr.backends import choose_backend, make_backend
 from infr.kvpool import BLOCK_SIZE, BlockPool, KVBudget
 from infr.chat import ChatTemplate
+from infr import checkpoints as ckpt
 from infr.errors import InfrError
 from infr.gguf_file import GGUFFile, open_gguf
 from infr.models import build_spec
@@ -56,10 +57,15 @@ class Model:
     """A loaded model. `parallel`: sequences the engine runs at once; `kv_tokens`: the KV pool's
     capacity in tokens (default: n_ctx for each of them), or a kvpool.KVBudget (a fraction of the
     memory free after the weights); `batch_tokens`: rows per step at most; `cpu_moe`: the experts of the
-    first cpu_moe MoE layers stay in host memory and run on the CPU (llama.cpp's --n-cpu-moe)."""
+    first cpu_moe MoE layers stay in host memory and run on the CPU (llama.cpp's --n-cpu-moe).
+    A recurrent model (qwen35) keeps snapshots of its state for prefix reuse (infr/checkpoints.py):
+    `checkpoints` of them at most (default checkpoints.PER_SEQUENCE per parallel sequence; 0: none,
+    every prompt computed from position 0), taken every `checkpoint_every` blocks of a prompt (default
+    checkpoints.EVERY_TOKENS) and at its last block boundary."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
-                 parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512, cpu_moe: int = 0):
+                 parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512, cpu_moe: int = 0,
+                 checkpoints: int | None = None, checkpoint_every: int | None = None):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -95,9 +101,16 @@ class Model:
         # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`
         # sequences; the engine gives their blocks back as they fall out of the window (infr/kvseq.py).
         self.window_pool = BlockPool(self.backend.n_window_blocks, BLOCK_SIZE) if self.plan.window else None
+        self.checkpoints = None
+        if self.plan.recurrent:
+            n = ckpt.PER_SEQUENCE * parallel if checkpoints is None else checkpoints
+            per = self.plan.recurrent_bytes_per_sequence
+            every = checkpoint_every if checkpoint_every is not None else max(1, ckpt.EVERY_TOKENS // BLOCK_SIZE)
+            self.checkpoints = ckpt.Checkpoints(self.backend, per, n * per, BLOCK_SIZE, every)
         self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
                                 parallel=parallel, batch_tokens=batch_tokens, window_pool=self.window_pool,
-                                window=self.plan.window, recurrent=bool(self.plan.recurrent))
+                                window=self.plan.window, recurrent=bool(self.plan.recurrent),
+                                checkpoints=self.checkpoints)
 
     def session(self) -> "Session":
         return Session(self)

@@ -86,18 +86,20 @@ def store_sizes(backend, plan, kv_blocks: "int | KVBudget | None", block_size: i
     more sequences fit. The window store is sized by window_blocks for max_seqs sequences of
     batch_tokens rows a step (ahead: the backend's multi_step), at most the full store's size;
     without max_seqs, or without full layers to give the memory to, it is the full store's size
-    (so one sequence can run over an identity table: forward())."""
+    (so one sequence can run over an identity table: forward()). A recurrent model's per-slot
+    state (max_seqs sequences of Plan.recurrent_bytes_per_sequence) comes out of a KVBudget first."""
     full_b, win_b = plan.kv_bytes_per_token(False), plan.kv_bytes_per_token(True)
+    states = plan.recurrent_bytes_per_sequence * (max_seqs or 1)
     need = None
     if plan.window and full_b and max_seqs is not None:
         need = window_blocks(plan.window, block_size, max_seqs, batch_tokens or block_size, backend.multi_step,
                              blocks_per_seq)
     if isinstance(kv_blocks, KVBudget):
         if need is None:
-            n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks)
+            n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks, reserved=states)
             return n, n
         n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks, per_token=full_b,
-                             reserved=need * block_size * win_b)
+                             reserved=need * block_size * win_b + states)
         return n, min(n, need)
     n = max(int(kv_blocks or 0), blocks_per_seq)
     return n, n if need is None else min(n, need)

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from infr.batch import Batch, OutputRow
+from infr.checkpoints import Checkpoints
 from infr.errors import InfrError
-from infr.kvpool import BlockPool
+from infr.kvpool import BlockPool, block_hashes
 from infr.kvseq import KVCache, SeqBlocks
 from infr.numerics import has_penalties
 from infr.sampling import Sampler, SamplingParams
@@ -69,6 +70,7 @@ class Request:
     t_first: float | None = None
     t_done: float | None = None
     held: bool = False  # paused with its slot and blocks, waiting for resume()
+    checkpoint_at: int | None = None  # this step's chunk ends where its recurrent state is snapshot
     last_logits: np.ndarray | None = None
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -107,10 +109,11 @@ class Scheduler:
 
     def __init__(self, backend, pool: BlockPool, n_ctx: int, is_eog: Callable[[int], bool], n_vocab: int,
                  parallel: int = 1, batch_tokens: int = 512, window_pool: BlockPool | None = None,
-                 window: int | None = None, recurrent: bool = False):
+                 window: int | None = None, recurrent: bool = False, checkpoints: Checkpoints | None = None):
         """`window_pool`, `window`: where the model has sliding-window layers, the pool of their
         KV blocks and their window (infr/kvseq.py); None: every layer's KV is in `pool`.
-        `recurrent`: the model has recurrent (DeltaNet) layers (Plan.recurrent)."""
+        `recurrent`: the model has recurrent (DeltaNet) layers (Plan.recurrent); `checkpoints`:
+        where their state is snapshot for prefix reuse (infr/checkpoints.py; None: no reuse)."""
         if parallel < 1:
             raise InfrError(f"--parallel must be at least 1, got {parallel}")
         if batch_tokens < parallel:
@@ -119,9 +122,11 @@ class Scheduler:
         self.window_pool = window_pool
         self.kv = KVCache(pool, window_pool, window)
         # A model with recurrent layers (DeltaNet) keeps per sequence a state that its KV blocks cannot
-        # restore nor rewind: its requests never take a prefix from the cache, and a sequence that does
-        # not go on exactly where it stands starts again from position 0 (infr/cpu/deltanet.py).
+        # restore nor rewind: a prefix is taken from the cache only up to a block boundary where a
+        # checkpoint of the state was kept, and a sequence that does not go on exactly where it stands
+        # restarts from such a checkpoint, else from position 0 (infr/checkpoints.py).
         self.recurrent = recurrent
+        self.checkpoints = checkpoints if recurrent else None
         self.is_eog, self.n_vocab = is_eog, n_vocab
         self.parallel, self.batch_tokens = parallel, batch_tokens
         self.waiting: deque[Request] = deque()
@@ -142,8 +147,6 @@ class Scheduler:
         if any(not 0 <= t < self.n_vocab for t in req.prompt):
             raise InfrError(f"token id out of range 0..{self.n_vocab - 1}")
         req.params = req.params.validate()
-        if self.recurrent:
-            req.cache_prompt = False
         req.tokens = list(req.prompt)
         req.t_submit = time.perf_counter()
         if req.sampler is None and not (req.params.greedy and not has_penalties(req.params)):
@@ -218,6 +221,9 @@ class Scheduler:
             if not req.done:
                 req.computed = start + n
                 self.kv.register(req.kv, req.tokens, req.computed)
+                if req.checkpoint_at == req.computed:  # before _accept: a request that ends frees its slot
+                    self.checkpoints.save(req.kv.hashes[req.computed // self.pool.block_size - 1], req.slot)
+            req.checkpoint_at = None
         for i, req in enumerate(owners):
             if req.done:
                 continue
@@ -315,15 +321,15 @@ class Scheduler:
             keep += 1
         if keep % bs and keep // bs < len(req.kv.hashes):  # never write into a block the prefix cache shares
             keep -= keep % bs
-        if self.recurrent and keep != req.computed:  # the recurrent state stands at req.computed only
-            keep = 0
         req.tokens = list(tokens)
-        if self.kv.can_continue(req.kv, keep):
+        if self.recurrent and keep != req.computed:  # the state stands at req.computed: a checkpoint before keep, or 0
+            req.computed = self._restore(req, keep)
+        elif self.kv.can_continue(req.kv, keep):
             self.kv.truncate(req.kv, keep)
             req.computed = keep
         else:  # its window blocks before `keep` went back: what the prefix cache still holds, else recompute
             self.kv.release(req.kv)
-            req.computed = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
+            req.computed = self._take_prefix(req)
         req.held, req.last_logits = False, None
         req.done_event.clear()
         self.running.append(req)
@@ -355,7 +361,7 @@ class Scheduler:
         for req in order:
             if req not in self.running or budget == 0:
                 continue  # preempted while an earlier request took blocks
-            n = min(len(req.tokens) - req.computed, budget)
+            n = self._chunk(req, min(len(req.tokens) - req.computed, budget))
             if not self._reserve(req, req.computed + n):
                 continue  # req itself was preempted or failed
             chunks.append((req, req.computed, n))
@@ -372,7 +378,7 @@ class Scheduler:
             if not self._admit(req, chunks):
                 break
             self.waiting.popleft()
-            n = min(len(req.tokens) - req.computed, budget)
+            n = self._chunk(req, min(len(req.tokens) - req.computed, budget))
             if not self._grow(req, req.computed + n):
                 self._evict_to_waiting(req, front=True)
                 if not chunks and not self.running:  # nothing will free a block: it can never fit
@@ -385,13 +391,44 @@ class Scheduler:
 
     def _admit(self, req: Request, chunks) -> bool:
         """Give req a slot and its cached prefix blocks (kvseq.KVCache.admit: the window layers' rule)."""
-        req.computed = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
+        req.slot = self._free_slots.pop()
+        req.computed = self._take_prefix(req)
         if req.cached_tokens is None:
             req.cached_tokens = req.computed
             self.stats.prefix_hit_tokens += req.computed
-        req.slot = self._free_slots.pop()
         self.running.append(req)
         return True
+
+    def _take_prefix(self, req: Request) -> int:
+        """req (with a slot, no blocks) takes its cached prefix: the tokens it need not compute."""
+        done = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
+        return self._restore(req, done) if self.recurrent and done else done
+
+    def _restore(self, req: Request, upto: int) -> int:
+        """A recurrent sequence goes back to the latest checkpoint of its prefix at or before upto
+        (loaded into its slot), keeping only the KV before it; that position, or 0."""
+        at = 0
+        if self.checkpoints is not None:
+            at = self.checkpoints.restore(req.slot, req.kv.hashes, upto, lambda p: self.kv.can_continue(req.kv, p))
+        self.kv.truncate(req.kv, at)
+        return at
+
+    def _chunk(self, req: Request, n: int) -> int:
+        """A recurrent sequence's next n rows, cut to end at its next checkpoint position whose
+        prefix has none yet (req.checkpoint_at: step() snapshots there)."""
+        req.checkpoint_at = None
+        if self.checkpoints is None:
+            return n
+        bs, start = self.pool.block_size, req.computed
+        for p in self.checkpoints.targets(start, min(len(req.prompt), len(req.tokens))):
+            if p > start + n:
+                break
+            parent = req.kv.hashes[-1] if req.kv.hashes else b""
+            h = block_hashes(req.tokens[:p], bs, start=len(req.kv.hashes), parent=parent)[-1]
+            if h not in self.checkpoints:
+                req.checkpoint_at = p
+                return p - start
+        return n
 
     def _grow(self, req: Request, n_tokens: int) -> bool:
         """Blocks for req's first n_tokens, without preempting anyone."""

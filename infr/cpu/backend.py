@@ -128,6 +128,13 @@ class CPUBackend:
     def free_memory(self) -> tuple[int, str] | None:
         return free_ram_bytes()
 
+    def save_state(self, slot: int) -> object:
+        """Copies of slot's DeltaNet states (backends.RecurrentStates)."""
+        return self.recurrent.snapshot(slot)
+
+    def load_state(self, slot: int, snap: object, pos: int) -> None:
+        self.recurrent.restore(slot, snap, pos)
+
     def samples(self, params) -> bool:
         """The reference draws every sampled row with the request's host sampler (infr/sampling.py)."""
         return False

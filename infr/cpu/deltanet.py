@@ -6,6 +6,8 @@ S [n_v_heads, d_k, d_v], f32, with the position the sequence stands at. A sequen
 position 0 start it from zeros; rows anywhere else must continue exactly where its state stands
 (the state cannot be rewound), so a prefix skipped by a cache or a stale slot is refused, not
 computed wrong. Rows of different slots never touch each other's state: batched equals alone.
+A slot's state can be copied out whole (snapshot) and a copy put back at the position it was
+taken at (restore): the engine's prefix checkpoints (infr/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ class SeqState:
         return cls(np.zeros((m.d_conv - 1, m.conv_dim), F32), np.zeros((m.n_v_heads, m.d_k, m.d_v), F32))
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Copies of one slot's state of every DeltaNet layer, standing at position pos."""
+
+    pos: int
+    layers: dict[int, tuple[np.ndarray, np.ndarray]]  # layer -> (conv, S)
+
+
 class RecurrentStore:
     """Every sequence slot's state of every DeltaNet layer (made on a sequence's first row)."""
 
@@ -65,6 +75,23 @@ class RecurrentStore:
             raise InfrError(f"layer {layer}: slot {slot} resumes at position {start}, but its recurrent state "
                             f"stands at {at}: a recurrent model's sequence cannot skip or rewind positions")
         return st
+
+    def snapshot(self, slot: int) -> Snapshot:
+        """Copies of slot's state of every layer, as it stands after the last step."""
+        sts = {layer: self._states.get((slot, layer)) for layer in self.specs}
+        pos = {st.pos for st in sts.values() if st is not None}
+        if None in sts.values() or len(pos) != 1:
+            raise InfrError(f"slot {slot} has no recurrent state to snapshot (or its layers stand apart)")
+        return Snapshot(pos.pop(), {layer: (st.conv.copy(), st.S.copy()) for layer, st in sts.items()})
+
+    def restore(self, slot: int, snap: Snapshot, pos: int) -> None:
+        """Slot's state becomes copies of snap, standing at pos: where snap was taken, nowhere else."""
+        if not isinstance(snap, Snapshot) or snap.layers.keys() != self.specs.keys():
+            raise InfrError("not a snapshot of this model's recurrent layers")
+        if snap.pos != pos:
+            raise InfrError(f"a recurrent state snapshot taken at position {snap.pos} cannot stand at {pos}")
+        for layer, (conv, S) in snap.layers.items():
+            self._states[(slot, layer)] = SeqState(conv.copy(), S.copy(), pos)
 
     def free(self, slot: int) -> None:
         for key in [k for k in self._states if k[0] == slot]:

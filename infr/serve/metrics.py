@@ -1,5 +1,6 @@
 """Counters for `/metrics` in Prometheus' text format: requests, tokens, and the engine's
-running and waiting sequences, KV blocks, prefix-cache hits, batch sizes and step time."""
+running and waiting sequences, KV blocks, prefix-cache hits, a recurrent model's state checkpoints,
+batch sizes and step time."""
 
 from __future__ import annotations
 
@@ -79,6 +80,17 @@ class Metrics:
                        [("", win.evicted)])
             metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache.",
                    [("", st.prefix_hit_tokens)])
+            ck = engine.checkpoints
+            if ck is not None:  # a recurrent model: its state's snapshots for prefix reuse (infr/checkpoints.py)
+                metric("recurrent_state_bytes_per_sequence", "gauge", "Bytes of one sequence's recurrent state, "
+                       "and of each of its checkpoints.", [("", ck.bytes_per_snapshot)])
+                metric("recurrent_checkpoints", "gauge", "Recurrent state checkpoints kept for prefix reuse.",
+                       [("", ck.count)])
+                metric("recurrent_checkpoint_bytes", "gauge", "Memory of the recurrent state checkpoints, and "
+                       "their budget.", [('{state="used"}', ck.bytes), ('{state="budget"}', ck.budget_bytes)])
+                metric("recurrent_checkpoints_total", "counter", "Recurrent state checkpoints, by event.",
+                       [('{event="saved"}', ck.saved), ('{event="restored"}', ck.restored),
+                        ('{event="evicted"}', ck.evicted)])
             metric("preemptions_total", "counter", "Requests preempted (blocks freed, recomputed later).",
                    [("", st.preemptions)])
             metric("engine_steps_total", "counter", "Engine steps (one batch each).", [("", st.steps)])

@@ -111,6 +111,8 @@ class Service:
         if win is not None:  # the sliding-window layers' store: sized for their windows (infr/kvseq.py)
             mib += win.n_blocks * win.block_size * plan.kv_bytes_per_token(True) / 2**20
             sized += f"; sliding-window layers: {win.n_blocks} blocks (window {plan.window})"
+        if model.checkpoints is not None:  # a recurrent model: per-slot state and prefix checkpoints
+            sized += "; " + model.checkpoints.line()
         log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
                  "%.1f MiB%s), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size, mib, sized,
