@@ -115,9 +115,10 @@ class Plan:
     @property
     def cpu_only(self) -> tuple[str, ...]:
         """What in this plan has no GPU kernels yet (empty: the GPU backend can run it). Every op
-        has them now (llama4's weightless q/k norm, query temperature and chunked attention
-        included); an op added to the CPU reference first is named here until it does."""
-        first = {DeltaNet: "the DeltaNet mixer", HeadSlice: "gated attention", SigmoidMul: "gated attention"}
+        has them now (llama4's weightless q/k norm, query temperature and chunked attention, qwen35's
+        gated attention and DeltaNet mixer included); an op added to the CPU reference first is
+        named here until it does."""
+        first: dict[type, str] = {}
         out: list[str] = []
         for op in self.ops:
             what = first.get(type(op))

@@ -33,6 +33,7 @@ from infr.memory import free_device_bytes
 from infr.numerics import check_supported, has_penalties
 from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_mask as KMask
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
@@ -76,6 +77,10 @@ class GPUBackend(Graphs):
         host_banks = HM.host_banks(plan, self.host_moe)
         if self.host_moe:
             self.multi_step = 1  # a host round trip every step: the engine calls step(), one at a time
+        if plan.recurrent:
+            # decode_steps runs ahead of what the engine keeps (closed early, the steps in flight still
+            # advance the recurrent state, which cannot be rewound): one step per call keeps them in step
+            self.multi_step = 1
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
         self.vram = 0
         self._progress = progress  # optional callable(stage, done, total): load progress bars (infr/notebook.py)
@@ -94,8 +99,9 @@ class GPUBackend(Graphs):
                 parts = [np.asarray(gf.tensor(b).raw, np.float32) if b else np.zeros(gf.tensor(n).shape[0], np.float32)
                          for n, b in zip(names, biases)]
                 self.stack_bias[names] = storage(self.dev, np.concatenate(parts), label="stacked bias")
+        own = KDN.RecurrentStates.tensors(plan)  # the DeltaNet's small weights: f32, with its state
         for name in plan.weights():
-            if name in stacked or name in host_banks:
+            if name in stacked or name in host_banks or name in own:
                 continue
             t = gf.tensor(name)
             if name in plan.expert_banks:  # by expert ranges; the router picks experts on the GPU
@@ -108,6 +114,9 @@ class GPUBackend(Graphs):
             self._report("upload", self.vram, weight_bytes)
         self.plan = plan = bind(plan, gf)  # shapes checked; each matmul's numerics (MatMul.q8) set
         self.widths = plan.widths
+        # the DeltaNet layers' per-slot state (kernels_deltanet); empty for a plan without them
+        self.recurrent = KDN.RecurrentStates(self.dev, gf, plan, max_seqs, MAX_BATCH)
+        self.vram += self.recurrent.vram
         self._own_state()
         self._report("graph", 1, 1)
         self._progress = None  # load only: later shapes build silently
@@ -170,10 +179,14 @@ class GPUBackend(Graphs):
         if len(ids) - bounds[-2] < n_logits:
             bounds[-2] = len(ids) - n_logits
         self._identity_table()
+        if self.recurrent:
+            self.recurrent.check_rows(np.arange(start, start + len(ids)), np.zeros(len(ids), np.int64))
         for a, b in zip(bounds[:-1], bounds[1:]):
             last = b == len(ids)
             out = self._run(ids[a:b], np.arange(pos, pos + b - a), np.zeros(b - a, np.uint32), n_logits if last else 0)
             pos += b - a
+            if self.recurrent:
+                self.recurrent.advance([pos - 1], [0])
         return out
 
     def run_rows(self, ids, positions, slots, block_table, n_logit_rows: int = 1, pad_to: int | None = None,
@@ -214,6 +227,8 @@ class GPUBackend(Graphs):
             raise InfrError(f"sequence slots must lie in 0..{n_slots - 1} (the table's rows)")
         if not 1 <= n_logit_rows <= min(n, MAX_LOGIT_ROWS):
             raise InfrError(f"n_logit_rows must lie in 1..{min(n, MAX_LOGIT_ROWS)}")
+        if self.recurrent:
+            self.recurrent.check_rows(pos, slot)
         self.kv.write(table)  # every layer kind reads this one table
         if decode is None:
             decode = int(np.bincount(slot).max()) <= KA.SPLIT_MAX_T
@@ -221,7 +236,10 @@ class GPUBackend(Graphs):
         ids_t[:n] = ids
         pos_t, slot_t = np.zeros(T, np.uint32), np.zeros(T, np.uint32)
         pos_t[:n], slot_t[:n] = pos, slot
-        return self._run(ids_t, pos_t, slot_t, n_logit_rows, n_live=n, decode=decode)
+        out = self._run(ids_t, pos_t, slot_t, n_logit_rows, n_live=n, decode=decode)
+        if self.recurrent:
+            self.recurrent.advance(pos, slot)
+        return out
 
     def _identity_table(self) -> None:
         """Slot 0 over blocks 0 .. n_blocks - 1 again (forward and the decode loops; run_rows writes others)."""
@@ -301,6 +319,8 @@ class GPUBackend(Graphs):
         for i in sampled:
             if not self.samples(outs[i].params):
                 raise InfrError("these sampling settings need a host sampler (penalty window too long)")
+        if self.recurrent:
+            self.recurrent.check_rows(batch.positions, batch.slots)
         out_rows = [o.row for o in outs]
         T, Lb = _bucket(n), _bucket(L) if L else 0
         if Lb == T and out_rows != list(range(L)):  # the head must read the tail copy, not the rows in place
@@ -331,6 +351,8 @@ class GPUBackend(Graphs):
             timer = None  # too many dispatches for one query set, or host steps: this step goes untimed
         with profile.HostClock(timer, "encode"):
             enc = self._encode_body(self.dev.device.create_command_encoder(), body, timer, n)
+        if self.recurrent:
+            self.recurrent.advance(batch.positions, batch.slots)
         if not L:
             with profile.HostClock(timer, "submit"):
                 q.submit([profile.finish_encoder(enc, timer, T)])
@@ -365,6 +387,17 @@ class GPUBackend(Graphs):
 
     def free_memory(self) -> tuple[int, str] | None:
         return free_device_bytes(self.dev)
+
+    # --- checkpoints of a recurrent model's per-sequence state
+
+    def save_state(self, slot: int) -> object:
+        """An opaque snapshot of every DeltaNet layer's state of slot as it stands after the last step:
+        a copy on the GPU (no read-back), with the position it stands at."""
+        return self.recurrent.save(slot)
+
+    def load_state(self, slot: int, snap: object, pos: int) -> None:
+        """Slot's state becomes snap (save_state's), standing at position pos: its next row is pos."""
+        self.recurrent.load(slot, snap, pos)
 
     def samples(self, params: SamplingParams) -> bool:
         """Whether step() draws rows with these settings on the GPU (a row without a host sampler):
@@ -422,6 +455,8 @@ class GPUBackend(Graphs):
         last = int(batch.positions.max()) + k - 1
         if last >= self.blocks_per_seq * self.block_size:
             raise InfrError(f"context full: position {last} is past {self.n_ctx}")
+        if self.recurrent:
+            self.recurrent.check_rows(batch.positions, batch.slots)
         T = _bucket(L)
         self._load_rows(batch, T)
         q = self.dev.device.queue
@@ -436,9 +471,11 @@ class GPUBackend(Graphs):
             per_submit = max(1, min(per_submit, (profile.CAPACITY - 1) // longest))
             if longest + 1 > profile.CAPACITY:
                 timer = None
-        return self._stream_steps(steps, int(batch.positions.max()), L, k, per_submit, depth, timer)
+        # every step submitted advances the rows' recurrent state, those in flight when closed early too
+        ran = (lambda done: self.recurrent.advance(batch.positions, batch.slots, done)) if self.recurrent else None
+        return self._stream_steps(steps, int(batch.positions.max()), L, k, per_submit, depth, timer, ran)
 
-    def _stream_steps(self, steps, start: int, L: int, k: int, per_submit: int, depth: int, timer):
+    def _stream_steps(self, steps, start: int, L: int, k: int, per_submit: int, depth: int, timer, ran=None):
         q = self.dev.device.queue
         pending: deque = deque()
         done = 0
@@ -467,6 +504,8 @@ class GPUBackend(Graphs):
                 self._free_staging.append(buf)
                 yield from tokens
         finally:  # closed early, or failed: settle the maps in flight
+            if ran is not None:
+                ran(done)
             for buf, promise, _ in pending:
                 try:
                     promise.sync_wait()

@@ -36,7 +36,7 @@ class KVStore:
         self.identity = True  # whether the tables hold the identity table (slot 0 over blocks 0 .. in order)
         self.k, self.v = {}, {}
         self.vram = 0
-        for st in plan.state:
+        for st in plan.kv:  # the recurrent layers keep no KV (kernels_deltanet holds their state)
             n_rows = (n_window_blocks if st.window else n_blocks) * block_size
             self.k[st.layer] = storage(dev, n_rows * st.n_kv_heads * st.head_dim * 2, label="k")
             self.v[st.layer] = storage(dev, n_rows * st.n_kv_heads * st.v_head_dim * 2, label="v")

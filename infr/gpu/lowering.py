@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from infr.gguf_file import GGUFFile
 from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mmq as KMQ
@@ -22,8 +23,9 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.ops import (Add, Attention, Embed, GatedAct, MatMul, MoE, QueryTemp, RMSNorm, Rope, SigmoidGate, Softcap,
-                      StoreKV)
+from infr.models.spec import RopeSpec, RopeStyle
+from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, QueryTemp, RMSNorm, Rope,
+                      SigmoidGate, SigmoidMul, Softcap, StoreKV)
 from infr.plan import Plan
 
 if TYPE_CHECKING:
@@ -148,7 +150,7 @@ class Lowering:
         factors = be.weights[r.freq_factors][0] if r.freq_factors else None
         return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
                                     be.k_cache[st.layer], be.v_cache[st.layer], be.kv.paging_of(st.layer), rq.n_heads,
-                                    rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, r.style,
+                                    rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, _style(r),
                                     self.rows, factors=factors)]
 
     def _feeds_gemv_q8(self, name: str, width: int) -> bool:
@@ -183,7 +185,7 @@ class Lowering:
             factors = be.weights[r.freq_factors][0] if r.freq_factors else None
             x = self.current(op.buf)
             return [KS.rope_dispatch(self.k, x, be.paging, op.n_heads, op.head_dim, r.n_rot, r.theta,
-                                     r.freq_scale, r.style, T, factors=factors)]
+                                     r.freq_scale, _style(r), T, factors=factors)]
         if isinstance(op, StoreKV):
             a = be.plan.spec.layers[op.layer].attention
             return [KS.kv_store_dispatch(self.k, self.current(op.k), self.current(op.v), be.k_cache[op.layer],
@@ -233,7 +235,19 @@ class Lowering:
             return [KS.query_temp_dispatch(self.k, self.current(op.buf), tau[op.temp], be.rows, w[op.buf], n_pos, T)]
         if isinstance(op, Softcap):
             return [KS.softcap_dispatch(self.k, self.current(op.buf), T * w[op.buf], op.cap)]
+        if isinstance(op, HeadSlice):
+            return KDN.lower_head_slice(self, op)
+        if isinstance(op, SigmoidMul):
+            return KDN.lower_sigmoid_mul(self, op)
+        if isinstance(op, DeltaNet):
+            return KDN.deltanet_dispatches(self, op)
         raise NotImplementedError(type(op).__name__)
+
+
+def _style(r: RopeSpec) -> str:
+    """The rope kernels' style for r: IMROPE turns every pair of a text token by its one position
+    (sections [p, p, p, 0]), which is NEOX over the first n_rot dims."""
+    return "neox" if r.style is RopeStyle.IMROPE else r.style.value
 
 
 def _ones(be: GPUBackend, n: int):

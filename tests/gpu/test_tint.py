@@ -136,6 +136,22 @@ def test_llamacpp_rounding_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path): 
     assert not errors, errors
 
 
+def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    """A tiny qwen35 (the DeltaNet mixer, gated attention with partial rotary) through the engine."""
+    asked = _record_pipelines(monkeypatch)
+    path = synth.write_gguf(synth.preset("tiny-qwen35", weight_type="Q8_0"), tmp_path / "q35.gguf")
+    model = Model(path, n_ctx=64, backend="gpu", parallel=2)
+    reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
+                                        ignore_eos=True)) for n in (30, 5)]
+    model.engine.run_until(lambda: all(r.done for r in reqs))
+    assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+    names = {k[0] for k in asked}
+    assert {"deltanet_conv", "deltanet_gates", "deltanet_rule", "gated_attn", "rope_kv"} <= names, names
+    assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
 def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
     asked: set = set()
     rec = _Recorder(gpu, asked)

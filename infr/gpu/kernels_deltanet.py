@@ -1,0 +1,229 @@
+"""qwen35 on the GPU: the gated DeltaNet mixer (the DeltaNet op) with its per-slot recurrent
+state, and the gated attention's two elementwise ops (HeadSlice, SigmoidMul). CPU reference:
+infr/cpu/deltanet.py and infr/cpu/kinds.py.
+
+The DeltaNet op is three dispatches, each token-serial over the batch's live rows (a slot's rows
+in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.wgsl (the causal conv with its
+state, silu; a thread per channel), wgsl/deltanet_gates.wgsl (beta' and g per row and V-head),
+wgsl/deltanet_rule.wgsl (the delta rule with S in registers and the gated RMSNorm times silu(z);
+a workgroup per (V-head, slot)). Correctness first: the chunked form for long prompts is later work.
+
+State: one f32 buffer per DeltaNet layer, max_seqs slots of RecurrentState.spec.state_floats each
+(the conv's last d_conv - 1 inputs [d_conv - 1, conv_dim], then S [H_v, d_k, d_v]), the CPU
+reference's SeqState layout. A row at position 0 starts its slot from zeros, so the buffers are
+never cleared; the host tracks where each slot's state stands and refuses rows that skip or rewind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infr.errors import InfrError, UnsupportedError
+from infr.gpu import kernels_misc as KS
+from infr.gpu.runtime import Dispatch, Kernels, storage
+from infr.models.spec import DeltaNetSpec
+from infr.ops import DeltaNet, HeadSlice, SigmoidMul
+
+CONV_WG = 64  # deltanet_conv.wgsl's and deltanet_gates.wgsl's @workgroup_size
+MAX_DK = 256  # the rule kernel keeps a column of S (d_k floats) per invocation
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# --- gated attention
+
+def head_slice_dispatch(kernels: Kernels, src, dst, n_heads: int, head_dim: int, part: int, T: int) -> Dispatch:
+    """dst [T, H * D] = part `part` of each head's [first | second] of src [T, H * 2D]."""
+    if part not in (0, 1):
+        raise ValueError(f"a head has two parts, not part {part}")
+    n = T * n_heads * head_dim
+    pipe = kernels.pipeline("gated_attn", "head_slice")
+    p = KS._params(kernels, KS._pack([("n", "u32", n), ("head_dim", "u32", head_dim), ("part", "u32", part)]),
+                   None, "head_slice")
+    return Dispatch(pipe, kernels.bind(pipe, [p, src, None, dst]), KS._flat_groups(kernels, n),
+                    f"head_slice {n_heads}x{head_dim}")
+
+
+def sigmoid_mul_dispatch(kernels: Kernels, x, gate, y, n: int) -> Dispatch:
+    """y = x * sigmoid(gate), n values."""
+    pipe = kernels.pipeline("gated_attn", "sigmoid_mul")
+    p = KS._params(kernels, KS._pack([("n", "u32", n), ("head_dim", "u32", 1), ("part", "u32", 0)]), None,
+                   "sigmoid_mul")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, gate, y]), KS._flat_groups(kernels, n), "sigmoid_mul")
+
+
+def lower_head_slice(lower, op: HeadSlice) -> list[Dispatch]:
+    x = lower.current(op.src)
+    y = lower.target(op.dst, op.src)
+    return [head_slice_dispatch(lower.k, x, y, op.n_heads, op.head_dim, op.part, lower.rows)]
+
+
+def lower_sigmoid_mul(lower, op: SigmoidMul) -> list[Dispatch]:
+    x, g = lower.current(op.buf), lower.current(op.gate)
+    y = lower.target(op.buf, op.buf, op.gate)
+    return [sigmoid_mul_dispatch(lower.k, x, g, y, lower.rows * lower.be.widths[op.buf])]
+
+
+# --- the DeltaNet mixer
+
+def check_spec(m: DeltaNetSpec) -> None:
+    if m.d_k != m.d_v or not 0 < m.d_k <= MAX_DK:
+        raise UnsupportedError(f"the GPU DeltaNet needs d_k == d_v <= {MAX_DK}, got {m.d_k} and {m.d_v}")
+    if m.n_v_heads % m.n_k_heads:
+        raise UnsupportedError(f"{m.n_v_heads} V-heads do not tile {m.n_k_heads} K-heads")
+
+
+def conv_dispatch(kernels: Kernels, qkv, w, live, rows, rstate, u, m: DeltaNetSpec) -> Dispatch:
+    """u [T, conv_dim] = silu(the causal conv of each live row through its slot's conv state)."""
+    pipe = kernels.pipeline("deltanet_conv", "conv")
+    p = KS._params(kernels, KS._pack([("conv_dim", "u32", m.conv_dim), ("d_conv", "u32", m.d_conv),
+                                      ("slot_stride", "u32", m.state_floats)]), None, "deltanet_conv")
+    return Dispatch(pipe, kernels.bind(pipe, [p, qkv, w, live, rows, rstate, u]), (-(-m.conv_dim // CONV_WG), 1, 1),
+                    f"deltanet_conv {m.conv_dim}x{m.d_conv}")
+
+
+def gates_dispatch(kernels: Kernels, beta, alpha, consts, gates, n_v_heads: int, T: int) -> Dispatch:
+    """gates [T, 2 H_v] = (sigmoid(beta), softplus(alpha + dt_bias) * a) per row and V-head."""
+    pipe = kernels.pipeline("deltanet_gates", "main")
+    p = KS._params(kernels, KS._pack([("h_v", "u32", n_v_heads), ("T", "u32", T)]), None, "deltanet_gates")
+    return Dispatch(pipe, kernels.bind(pipe, [p, beta, alpha, consts, gates]), (-(-T * n_v_heads // CONV_WG), 1, 1),
+                    f"deltanet_gates {n_v_heads}")
+
+
+def rule_dispatch(kernels: Kernels, u, gates, z, consts, live, rows, rstate, dst, m: DeltaNetSpec, eps: float,
+                  n_slots: int) -> Dispatch:
+    """dst [T, H_v * d_v] = the delta rule's output of each live row, gated-RMSNormed times silu(z)."""
+    check_spec(m)
+    pipe = kernels.pipeline("deltanet_rule", "main", DK=m.d_k, WG=max(_pow2(m.d_k), 4))
+    data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
+                     ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
+                     ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
+    p = KS._params(kernels, data, None, "deltanet_rule")
+    return Dispatch(pipe, kernels.bind(pipe, [p, u, gates, z, consts, live, rows, rstate, dst]),
+                    (m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
+
+
+class RecurrentStates:
+    """The DeltaNet layers' state on the GPU (module docstring), their small weights as f32 (the
+    conv [conv_dim, d_conv]; consts = [dt_bias | a | norm]), the mixer's scratch, and where each
+    slot's state stands (`pos`: the next position it expects)."""
+
+    def __init__(self, dev, gf, plan, max_seqs: int, max_rows: int):
+        from gguf.quants import dequantize
+
+        self.dev, self.max_seqs = dev, max_seqs
+        self.buffers, self.conv, self.consts, self.specs = {}, {}, {}, {}
+        self.pos: dict[int, int] = {}
+        self.vram = 0
+
+        def f32(name: str) -> np.ndarray:
+            t = gf.tensor(name)
+            return np.asarray(dequantize(np.asarray(t.raw), t.qtype), np.float32).reshape(-1)
+
+        widest = 0
+        for op in plan.ops:
+            if not isinstance(op, DeltaNet):
+                continue
+            m = op.spec
+            check_spec(m)
+            nbytes = 4 * m.state_floats * max_seqs
+            if nbytes > dev.max_binding:
+                raise UnsupportedError(f"layer {op.layer}: the recurrent state of {max_seqs} sequences "
+                                       f"({nbytes >> 20} MiB) exceeds one storage binding; run fewer in parallel")
+            self.specs[op.layer] = m
+            self.buffers[op.layer] = storage(dev, nbytes, label=f"recurrent.{op.layer}")
+            self.conv[op.layer] = storage(dev, f32(op.conv), label=op.conv)
+            self.consts[op.layer] = storage(dev, np.concatenate([f32(op.dt_bias), f32(op.a), f32(op.norm)]),
+                                            label=f"{op.dt_bias}|a|norm")
+            self.vram += nbytes + 4 * (m.conv_dim * m.d_conv + 2 * m.n_v_heads + m.d_v)
+            widest = max(widest, m.conv_dim)
+        heads = max((m.n_v_heads for m in self.specs.values()), default=0)
+        self.u = storage(dev, 4 * max_rows * max(widest, 1), label="deltanet.u") if self.specs else None
+        self.gates = storage(dev, 4 * max_rows * 2 * heads, label="deltanet.gates") if self.specs else None
+        self.vram += (self.u.size + self.gates.size) if self.specs else 0
+
+    @staticmethod
+    def tensors(plan) -> frozenset[str]:
+        """The weights this class uploads itself (f32 copies, not the matmul layout)."""
+        return frozenset(n for op in plan.ops if isinstance(op, DeltaNet) for n in op.tensors)
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    # --- where each slot's state stands
+
+    def check_rows(self, positions, slots) -> None:
+        """Refuse rows the kernels would compute wrong: each slot's rows, in batch order, are
+        consecutive positions from 0 (a fresh start) or from where its state stands."""
+        pos, slot = np.asarray(positions, np.int64), np.asarray(slots, np.int64)
+        for s in np.unique(slot):
+            p = pos[slot == s]
+            if len(p) > 1 and not (np.diff(p) == 1).all():
+                raise InfrError(f"slot {int(s)}'s rows are not consecutive positions in batch order")
+            at = self.pos.get(int(s))
+            if p[0] != 0 and at != p[0]:
+                raise InfrError(f"slot {int(s)} resumes at position {int(p[0])}, but its recurrent state stands at "
+                                f"{'none' if at is None else f'position {at}'}: a recurrent model's sequence cannot "
+                                f"skip or rewind positions")
+
+    def advance(self, positions, slots, steps: int = 1) -> None:
+        """After a pass (or `steps` decode steps) over these rows: each slot stands past its last row."""
+        for p, s in zip(np.asarray(positions, np.int64), np.asarray(slots, np.int64)):
+            self.pos[int(s)] = int(p) + steps
+
+    # --- checkpoints
+
+    def _span(self, layer: int, slot: int) -> tuple[int, int]:
+        if not 0 <= slot < self.max_seqs:
+            raise InfrError(f"slot {slot} is outside 0..{self.max_seqs - 1}")
+        n = 4 * self.specs[layer].state_floats
+        return slot * n, n
+
+    def save(self, slot: int) -> dict:
+        """A GPU copy of every DeltaNet layer's state of slot (a buffer per layer) and its position."""
+        enc = self.dev.device.create_command_encoder()
+        snap = {}
+        for layer, buf in self.buffers.items():
+            off, n = self._span(layer, slot)
+            snap[layer] = storage(self.dev, n, label=f"snapshot.{layer}")
+            enc.copy_buffer_to_buffer(buf, off, snap[layer], 0, n)
+        self.dev.device.queue.submit([enc.finish()])
+        return {"layers": snap, "pos": self.pos.get(slot)}
+
+    def load(self, slot: int, snap: dict, pos: int) -> None:
+        layers = snap["layers"] if isinstance(snap, dict) else None
+        if layers is None or set(layers) != set(self.buffers):
+            raise InfrError("load_state takes a snapshot that save_state of this backend made")
+        enc = self.dev.device.create_command_encoder()
+        for layer, buf in self.buffers.items():
+            off, n = self._span(layer, slot)
+            enc.copy_buffer_to_buffer(layers[layer], 0, buf, off, n)
+        self.dev.device.queue.submit([enc.finish()])
+        self.pos[slot] = int(pos)
+
+    def read(self, slot: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Slot's state read back, per layer (conv [d_conv - 1, conv_dim], S [H_v, d_k, d_v]): tests."""
+        out = {}
+        for layer, buf in self.buffers.items():
+            m = self.specs[layer]
+            off, n = self._span(layer, slot)
+            raw = np.frombuffer(self.dev.device.queue.read_buffer(buf, off, n), np.float32)
+            k = (m.d_conv - 1) * m.conv_dim
+            out[layer] = (raw[:k].reshape(m.d_conv - 1, m.conv_dim).copy(),
+                          raw[k:].reshape(m.n_v_heads, m.d_k, m.d_v).copy())
+        return out
+
+
+def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
+    """The DeltaNet op for the lowering's batch (module docstring)."""
+    be, k, m = lower.be, lower.k, op.spec
+    rs: RecurrentStates = be.recurrent
+    live, rows = be.paging.state, be.paging.rows
+    qkv, z, beta, alpha = (lower.current(n) for n in (op.qkv, op.z, op.beta, op.alpha))
+    y = lower.target(op.dst, op.qkv, op.z, op.beta, op.alpha)
+    buf, consts = rs.buffers[op.layer], rs.consts[op.layer]
+    return [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
+            gates_dispatch(k, beta, alpha, consts, rs.gates, m.n_v_heads, lower.rows),
+            rule_dispatch(k, rs.u, rs.gates, z, consts, live, rows, buf, y, m, op.eps, rs.max_seqs)]
