@@ -54,7 +54,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let E = params.E;
     let row = t * E;
 
-    var mx = -3.4028235e38;
+    var mx = logits[row];  // every invocation starts from a real logit (E >= 1)
     for (var e = tid; e < E; e += WG) {
         mx = max(mx, logits[row + e]);
     }
