@@ -42,10 +42,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
-from infr import synth_moe, synth_qwen35
+from infr import synth_gemma4, synth_moe, synth_qwen35
+from infr.synth_gemma4 import Gemma4Shape
 from infr.synth_encode import encode
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, "qwen35")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, "qwen35", "gemma4")
 CHUNK_ELEMENTS = 1 << 22  # rows are generated this many values at a time
 BIAS_STD = 0.2
 NORM_SPREAD = 0.2  # norm weights are uniform in 1 +- this
@@ -109,10 +110,11 @@ class SynthSpec:
     full_attention_interval: int = 4
     recurrent_layers: tuple[bool, ...] | None = None  # written as attention.recurrent_layers instead
     n_rot: int = 0  # qwen35's rope.dimension_count (partial rotary)
+    gemma4: Gemma4Shape | None = None  # gemma4's layer kinds, PLE, KV sharing (infr/synth_gemma4.py)
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen35")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen35", "gemma4")
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -126,12 +128,13 @@ class SynthSpec:
             raise ValueError("qwen2 needs n_heads * head_dim == n_embd")
         if self.arch == "gemma3" and not self.sliding_window:
             raise ValueError("gemma3 needs a sliding_window")
-        if self.arch != "gemma3" and self.sliding_window:
+        if self.arch not in ("gemma3", "gemma4") and self.sliding_window:
             raise ValueError(f"{self.arch} has no sliding window")
         if self.rope_scaling is not None and self.arch not in ("llama", "llama4"):
             raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama and llama4 only")
         synth_moe.validate(self)
         synth_qwen35.validate(self)
+        synth_gemma4.validate(self)
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
 
@@ -220,6 +223,7 @@ PRESETS: dict[str, SynthSpec] = {
         ctx=32768, rope_theta=1000000.0, sliding_window=512, tied=True, name="Gemma-3-270M (synthetic)",
     ),
 }
+PRESETS.update(synth_gemma4.presets(SynthSpec))  # tiny-gemma4*, gemma4-e2b, gemma4-26b-a4b
 
 
 def preset(name: str, **changes) -> SynthSpec:
@@ -301,13 +305,16 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
     """llama.cpp's choice for one matrix of a file type (the facts above)."""
+    if spec.arch == "gemma4" and name == "per_layer_token_embd.weight":
+        return synth_gemma4.mixed_type(spec, wt.ftype, name, wt.base, _use_more_bits) or wt.base
     if name == "output.weight" or (spec.tied and name == "token_embd.weight"):
         return Q.Q8_0 if wt.base == Q.Q8_0 else Q.Q6_K
     if not name.startswith("blk."):
         return wt.base
+    g4 = synth_gemma4.mixed_type(spec, wt.ftype, name, wt.base, _use_more_bits) if spec.arch == "gemma4" else None
     moe = synth_moe.mixed_type(spec, wt.ftype, name, wt.base) if spec.n_expert else None
-    if moe is not None:
-        return moe
+    if g4 is not None or moe is not None:
+        return g4 if g4 is not None else moe
     layer, n = int(name.split(".")[1]), spec.n_layers
     k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
     if name.endswith("attn_v.weight"):
@@ -366,6 +373,9 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
     def raw(name: str, shape: tuple[int, ...], kind: str) -> None:
         out.append(_TensorPlan(name, shape, kind, Q.F32))
 
+    if spec.arch == "gemma4":
+        synth_gemma4.tensors(spec, mat, vec, bank, raw)
+        return out
     mat("token_embd.weight", spec.n_vocab, e)
     if spec.rope_scaling is not None:
         vec("rope_freqs.weight", hd // 2, "rope_freqs")
@@ -411,6 +421,8 @@ def _uniform(seed: int, name: str, chunk: int, n: int, half_width: float) -> np.
 
 def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
     n = t.shape[0]
+    if t.kind in synth_gemma4.VECTOR_KINDS:
+        return synth_gemma4.vector_values(spec, t.name, t.kind, n, seed, _uniform)
     if t.kind == "rope_freqs":
         assert spec.rope_scaling is not None
         return spec.rope_scaling.freq_factors(spec.rope_theta, spec.head_dim)
@@ -487,9 +499,9 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
     w.add_context_length(spec.ctx)
     w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layers)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(synth_gemma4.n_ff(spec))
     w.add_head_count(spec.n_heads)
-    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_head_count_kv(synth_gemma4.kv_heads(spec))
     # Converters write key/value lengths when they differ from n_embd / n_heads
     # (and always for qwen3 and gemma3, whose configs carry head_dim).
     if spec.qk_norm or spec.head_dim * spec.n_heads != spec.n_embd:
@@ -502,6 +514,7 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
         w.add_vocab_size(spec.n_vocab)
     synth_moe.add_metadata(w, spec)
     synth_qwen35.add_metadata(w, spec)
+    synth_gemma4.add_metadata(w, spec)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))

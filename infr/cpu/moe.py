@@ -110,8 +110,9 @@ def route(logits: np.ndarray, m: MoESpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[ExpertBank],
-                q8: tuple[bool, ...]) -> np.ndarray:
-    """The experts' weighted sum for each row of h [T, n_embd]."""
+                q8: tuple[bool, ...], scales: np.ndarray | None = None) -> np.ndarray:
+    """The experts' weighted sum for each row of h [T, n_embd]; scales: per expert, a factor of its
+    output before the router's weight (gemma4's ffn_down_exps.scale)."""
     chosen, w = route(logits, m)
     t, k = chosen.shape
     n_embd = h.shape[1]
@@ -137,6 +138,8 @@ def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[Exper
             if q8_down:
                 a = quantize_q8(a)
             y = a @ dt
+            if scales is not None:
+                y = y * scales[e]
             if not m.weight_before:
                 y = y * w[r, s]
             ys[r, s] = y
