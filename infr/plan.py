@@ -123,14 +123,13 @@ class Plan:
                  PerLayerInputs: "per-layer embeddings", PLEGate: "per-layer embeddings", Mul: "scaled values"}
         out: list[str] = []
         for op in self.ops:
-            what = first.get(type(op))
-            if getattr(op, "act", None) is Activation.GELU_F16 or (
-                    isinstance(op, MoE) and op.spec.activation is Activation.GELU_F16):
-                what = "the fp16-table GELU"
-            if isinstance(op, Attention) and any(la.kv_from is not None for la in self.spec.layers):
-                what = "KV-shared layers"
-            if what and what not in out:
-                out.append(what)
+            whats = [first.get(type(op))]
+            act = op.act if isinstance(op, (GatedAct, PLEGate)) else op.spec.activation if isinstance(op, MoE) else None
+            if act is Activation.GELU_F16:
+                whats.append("the fp16-table GELU")
+            out += [w for w in whats if w and w not in out]
+        if any(la.kv_from is not None for la in self.spec.layers):
+            out.append("KV-shared layers")  # attention reading another layer's cache
         return tuple(out)
 
     @cached_property
@@ -293,7 +292,9 @@ def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     widths = {"q": a.n_heads * a.head_dim, "k": a.n_kv_heads * a.head_dim, "v": a.n_kv_heads * a.v_head_dim}
     if a.output_gate:  # attn_q's rows: per head [q_h | gate_h]
         widths["q"] *= 2
-    names = ("q", "k") + (() if a.v_from_k else ("v",)) if own_kv else ("q",)
+    names = ["q"]
+    if own_kv:
+        names += ["k"] if a.v_from_k else ["k", "v"]
     for name in names:
         bias = p + f"attn_{name}.bias" if a.qkv_bias else None
         ops.append(MatMul("qg" if name == "q" and a.output_gate else name, "h", p + f"attn_{name}.weight", bias,
