@@ -198,3 +198,24 @@ def test_gpu_backend_refuses_the_plan_with_a_clear_error(paths):
     gf = open_gguf(paths("tiny-gemma4-e2b"))
     with pytest.raises(UnsupportedError, match="gemma4: per-layer embeddings, .*KV-shared layers have no GPU kernels yet"):
         find_stacks(build_plan(build_spec(gf)), gf, 1 << 30)
+
+
+def test_real_shape_presets_in_the_q4_k_m_mix():
+    """llama-quantize's rules (infr/synth_gemma4.py): the per-layer table is in the token-embedding
+    category (Q6_K, the head's type, in a tied model), per_layer_model_proj and the router are never
+    quantized, attn_v's 6-bit layers count the attn_v tensors that exist."""
+    e2b = {t.name: t for t in synth.tensor_plans(replace(synth.PRESETS["gemma4-e2b"], weight_type="Q4_K_M"))}
+    assert e2b["per_layer_token_embd.weight"].shape == (262144, 35 * 256)
+    assert e2b["per_layer_token_embd.weight"].qtype.name == "Q6_K"
+    assert e2b["per_layer_model_proj.weight"].qtype.name == "F32"
+    assert e2b["blk.34.ffn_up.weight"].shape == (12288, 1536) and e2b["blk.14.ffn_up.weight"].shape == (6144, 1536)
+    assert "blk.15.attn_k.weight" not in e2b and "blk.14.attn_k.weight" in e2b  # 20 KV-shared layers
+    v = [e2b[f"blk.{i}.attn_v.weight"].qtype.name for i in range(15)]
+    # use_more_bits(i, 15) over the 15 attn_v tensors: i < 1, i >= 13, (i - 1) % 3 == 2
+    assert v == ["Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K",
+                 "Q6_K", "Q6_K", "Q6_K"]
+    moe = {t.name: t for t in synth.tensor_plans(replace(synth.PRESETS["gemma4-26b-a4b"], weight_type="Q4_K_M"))}
+    assert moe["blk.0.ffn_gate_up_exps.weight"].shape == (128, 2 * 704, 2816)
+    assert moe["blk.0.ffn_gate_inp.weight"].qtype.name == "F32"
+    assert "blk.5.attn_v.weight" not in moe and moe["blk.5.attn_k.weight"].shape == (2 * 512, 2816)
+    assert moe["blk.0.attn_k.weight"].shape == (8 * 256, 2816) and moe["rope_freqs.weight"].shape == (256,)
