@@ -59,7 +59,7 @@ class StoreKV:
 class Attention:
     dst: str
     q: str
-    layer: int
+    layer: int  # the layer whose cache it reads: its own, or a KV-shared layer's source (gemma4)
     spec: AttentionSpec
 
 
@@ -109,6 +109,11 @@ class MoE:
     spec: MoESpec
     banks: tuple[str, ...]
     q8: tuple[bool, ...] | None = None
+    scales: str | None = None  # gemma4's ffn_down_exps.scale [n_expert]: expert e's output times scales[e]
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return (self.scales,) if self.scales else ()
 
 
 @dataclass(frozen=True)
@@ -168,5 +173,43 @@ class DeltaNet:
         return self.conv, self.dt_bias, self.a, self.norm
 
 
+@dataclass(frozen=True)
+class Mul:
+    """buf = (buf * scale) * weight, weight a vector of buf's width or one value (gemma4's router input
+    scale with scale 1 / sqrt(n_embd); its layer_output_scale with scale 1)."""
+
+    buf: str
+    weight: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class PerLayerInputs:
+    """gemma4's per-layer embeddings (wave2-families.md section 3.3), dst [T, n_layers * width]:
+    ((rms(proj / sqrt(n_embd)) * norm per layer's width) + table[token] * sqrt(width)) / sqrt(2), proj
+    the per_layer_model_proj matmul of the scaled embedding already in env. The table
+    [n_vocab, n_layers * width] is read by row (its rows gathered from the file's blocks)."""
+
+    dst: str
+    proj: str
+    table: str
+    norm: str
+    n_layers: int
+    width: int
+    n_embd: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class PLEGate:
+    """buf = act(buf) * layer `layer`'s part of the per-layer inputs ple ([T, width] of [T, n_layers * width])."""
+
+    buf: str
+    ple: str
+    layer: int
+    width: int
+    act: Activation
+
+
 Op = (Embed | RMSNorm | MatMul | Rope | StoreKV | Attention | GatedAct | Add | Softcap | QueryTemp | MoE | SigmoidGate
-      | HeadSlice | SigmoidMul | DeltaNet)
+      | HeadSlice | SigmoidMul | DeltaNet | Mul | PerLayerInputs | PLEGate)

@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from infr import fusion, numerics
 from infr.errors import InfrError
-from infr.models.spec import DeltaNetSpec, FFNSpec, LayerSpec, ModelSpec, MoESpec
-from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Op, QueryTemp, RMSNorm, Rope,
-                      SigmoidGate, SigmoidMul, Softcap, StoreKV)
+from infr.models.spec import Activation, DeltaNetSpec, FFNSpec, LayerSpec, ModelSpec, MoESpec, ParallelFFN
+from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, Op, PerLayerInputs,
+                      PLEGate, QueryTemp, RMSNorm, Rope, SigmoidGate, SigmoidMul, Softcap, StoreKV)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,12 @@ class Plan:
         return self.embed + self.layers + self.head
 
     @property
+    def row_tables(self) -> frozenset[str]:
+        """The tables read by row (token embeddings, gemma4's per-layer ones): a backend gathers their
+        rows from the file's blocks and never expands the whole table at load."""
+        return frozenset(op.table for op in self.embed if isinstance(op, (Embed, PerLayerInputs)))
+
+    @property
     def kv(self) -> tuple[KVState, ...]:
         """The layers that keep keys and values (the engine's KV blocks)."""
         return tuple(st for st in self.state if isinstance(st, KVState))
@@ -118,12 +126,16 @@ class Plan:
         has them now (llama4's weightless q/k norm, query temperature and chunked attention, qwen35's
         gated attention and DeltaNet mixer included); an op added to the CPU reference first is
         named here until it does."""
-        first: dict[type, str] = {}
+        first = {PerLayerInputs: "per-layer embeddings", PLEGate: "per-layer embeddings", Mul: "scaled values"}
         out: list[str] = []
         for op in self.ops:
-            what = first.get(type(op))
-            if what and what not in out:
-                out.append(what)
+            whats = [first.get(type(op))]
+            act = op.act if isinstance(op, (GatedAct, PLEGate)) else op.spec.activation if isinstance(op, MoE) else None
+            if act is Activation.GELU_F16:
+                whats.append("the fp16-table GELU")
+            out += [w for w in whats if w and w not in out]
+        if any(la.kv_from is not None for la in self.spec.layers):
+            out.append("KV-shared layers")  # attention reading another layer's cache
         return tuple(out)
 
     @cached_property
@@ -172,6 +184,8 @@ def _width(op: Op, known: dict[str, int], spec: ModelSpec) -> int:
         return op.n_heads * op.head_dim
     if isinstance(op, DeltaNet):
         return op.spec.n_v_heads * op.spec.d_v
+    if isinstance(op, PerLayerInputs):
+        return op.n_layers * op.width
     return 0  # ops that write in place (Rope, Softcap) or write no value (StoreKV)
 
 
@@ -196,6 +210,11 @@ def check_shapes(plan: Plan, gf) -> None:
             shape = tuple(int(d) for d in gf.tensor(op.weight).shape)
             if shape != (now[op.src],):
                 raise InfrError(f"{op.weight} has shape {shape}, expected ({now[op.src]},)")
+        for name, want in _vector_shapes(op, now, plan.spec.n_vocab):
+            shape = tuple(int(d) for d in gf.tensor(name).shape)
+            if shape not in want:
+                raise InfrError(f"{name} has shape {shape}, but the model's metadata makes it "
+                                f"{' or '.join(map(str, want))}: a damaged or mislabelled GGUF")
         if isinstance(op, DeltaNet):
             m = op.spec
             for name, want in zip(op.tensors, ((m.conv_dim, m.d_conv), (m.n_v_heads,), (m.n_v_heads,), (m.d_v,))):
@@ -206,6 +225,17 @@ def check_shapes(plan: Plan, gf) -> None:
         w = _width(op, now, plan.spec)
         if w:
             now[op.dst] = w
+
+
+def _vector_shapes(op: Op, now: dict[str, int], n_vocab: int) -> list[tuple[str, tuple[tuple[int, ...], ...]]]:
+    """The non-matmul tensors of gemma4's ops and the shapes each may have."""
+    if isinstance(op, Mul):
+        return [(op.weight, ((now[op.buf],), (1,)))]
+    if isinstance(op, MoE) and op.scales:
+        return [(op.scales, ((op.spec.n_expert,),))]
+    if isinstance(op, PerLayerInputs):
+        return [(op.norm, ((op.width,),)), (op.table, ((n_vocab, op.n_layers * op.width),))]
+    return []
 
 
 def bind(plan: Plan, gf) -> Plan:
@@ -238,11 +268,17 @@ def bank_shapes(op: MoE, n_in: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def build_plan(spec: ModelSpec) -> Plan:
-    embed = (Embed("x", "token_embd.weight", spec.embed_scale),)
+    embed: tuple[Op, ...] = (Embed("x", "token_embd.weight", spec.embed_scale),)
+    if spec.per_layer_input:
+        n = spec.n_layers * spec.per_layer_input
+        embed += (MatMul("plp", "x", "per_layer_model_proj.weight", n_out=n),
+                  PerLayerInputs("ple", "plp", "per_layer_token_embd.weight", "per_layer_proj_norm.weight",
+                                 spec.n_layers, spec.per_layer_input, spec.n_embd, spec.norm_eps))
     layers: list[Op] = []
     for layer in spec.layers:
         layers += _deltanet_block(spec, layer) if layer.mixer is not None else _attention_block(spec, layer)
         layers += _ffn_block(spec, layer)
+        layers += _layer_tail(spec, layer)
     head: list[Op] = [RMSNorm("h", "x", "output_norm.weight", spec.norm_eps)]
     head.append(MatMul("logits", "h", "token_embd.weight" if spec.tied_embeddings else "output.weight",
                        n_out=spec.n_vocab))
@@ -250,37 +286,46 @@ def build_plan(spec: ModelSpec) -> Plan:
         head.append(Softcap("logits", spec.final_logit_softcap))
     state = tuple(RecurrentState(la.index, la.mixer) if la.mixer is not None else
                   KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
-                          la.attention.sliding_window) for la in spec.layers)
+                          la.attention.sliding_window) for la in spec.layers if la.kv_from is None)
     return Plan(spec, embed, tuple(layers), tuple(head), state)
 
 
 def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     a = layer.attention
     p = f"blk.{layer.index}."
+    own_kv = layer.kv_from is None  # a KV-shared layer (gemma4) projects only its queries
     ops: list[Op] = [RMSNorm("h", "x", p + "attn_norm.weight", spec.norm_eps)]
     widths = {"q": a.n_heads * a.head_dim, "k": a.n_kv_heads * a.head_dim, "v": a.n_kv_heads * a.v_head_dim}
     if a.output_gate:  # attn_q's rows: per head [q_h | gate_h]
         widths["q"] *= 2
-    for name in ("q", "k", "v"):
+    names = ["q"]
+    if own_kv:
+        names += ["k"] if a.v_from_k else ["k", "v"]
+    for name in names:
         bias = p + f"attn_{name}.bias" if a.qkv_bias else None
         ops.append(MatMul("qg" if name == "q" and a.output_gate else name, "h", p + f"attn_{name}.weight", bias,
                           widths[name]))
+    if a.v_norm and own_kv:  # weightless, per head; from the raw K projection where there is no attn_v
+        ops.append(RMSNorm("v", "k" if a.v_from_k else "v", None, spec.norm_eps, group=a.v_head_dim))
     if a.output_gate:
         ops.append(HeadSlice("q", "qg", a.n_heads, a.head_dim, 0))
         ops.append(HeadSlice("gate", "qg", a.n_heads, a.head_dim, 1))
     if a.qk_norm:
         ops.append(RMSNorm("q", "q", p + "attn_q_norm.weight", spec.norm_eps, group=a.head_dim))
-        ops.append(RMSNorm("k", "k", p + "attn_k_norm.weight", spec.norm_eps, group=a.head_dim))
+        if own_kv:
+            ops.append(RMSNorm("k", "k", p + "attn_k_norm.weight", spec.norm_eps, group=a.head_dim))
     if a.rope is not None:
         ops.append(Rope("q", a.n_heads, a.head_dim, a.rope))
-        ops.append(Rope("k", a.n_kv_heads, a.head_dim, a.rope))
+        if own_kv:
+            ops.append(Rope("k", a.n_kv_heads, a.head_dim, a.rope))
     if a.qk_rms_after_rope:
         ops.append(RMSNorm("q", "q", None, spec.norm_eps, group=a.head_dim))
         ops.append(RMSNorm("k", "k", None, spec.norm_eps, group=a.head_dim))
     if a.temperature is not None:
         ops.append(QueryTemp("q", a.temperature))
-    ops.append(StoreKV(layer.index, "k", "v"))
-    ops.append(Attention("attn", "q", layer.index, a))
+    if own_kv:
+        ops.append(StoreKV(layer.index, "k", "v"))
+    ops.append(Attention("attn", "q", layer.index if own_kv else layer.kv_from, a))
     if a.output_gate:
         ops.append(SigmoidMul("attn", "gate"))
     ops.append(MatMul("o", "attn", p + "attn_output.weight", n_out=spec.n_embd))
@@ -312,6 +357,8 @@ def _ffn_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     """The FFN of one layer, by its kind: dense (FFNSpec) or a mixture of experts (MoESpec)."""
     if isinstance(layer.ffn, MoESpec):
         return _moe_block(spec, layer)
+    if isinstance(layer.ffn, ParallelFFN):
+        return _parallel_block(spec, layer)
     if not isinstance(layer.ffn, FFNSpec):
         raise InfrError(f"layer {layer.index}: unknown FFN kind {type(layer.ffn).__name__}")
     f = layer.ffn
@@ -350,4 +397,49 @@ def _moe_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     if layer.post_ffn_norm:
         ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", spec.norm_eps))
     ops.append(Add("x", "x", "f"))
+    return ops
+
+
+def _parallel_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    """gemma4's dense FFN beside its routed experts (ParallelFFN), the router on the raw residual,
+    then post_ffw_norm of their sum and the residual add: llama.cpp's order of norms and sums."""
+    pf = layer.ffn
+    assert isinstance(pf, ParallelFFN)
+    f, m = pf.dense, pf.moe
+    p = f"blk.{layer.index}."
+    eps = spec.norm_eps
+    ops: list[Op] = [RMSNorm("h", "x", p + layer.ffn_norm + ".weight", eps)]
+    ops.append(MatMul("g", "h", p + "ffn_gate.weight", n_out=f.hidden))
+    ops.append(MatMul("u", "h", p + "ffn_up.weight", n_out=f.hidden))
+    ops.append(GatedAct("g", "g", "u", f.activation))
+    ops.append(MatMul("f", "g", p + "ffn_down.weight", n_out=spec.n_embd))
+    ops.append(RMSNorm("f", "f", p + "post_ffw_norm_1.weight", eps))
+    ops.append(RMSNorm("h", "x", p + "pre_ffw_norm_2.weight", eps))
+    ops.append(RMSNorm("r", "x", None, eps))
+    ops.append(Mul("r", p + "ffn_gate_inp.scale", 1.0 / float(np.sqrt(np.float32(spec.n_embd)))))
+    ops.append(MatMul("router", "r", p + "ffn_gate_inp.weight", n_out=m.n_expert))
+    banks = (("ffn_gate_up_exps",) if m.fused_gate_up else ("ffn_gate_exps", "ffn_up_exps")) + ("ffn_down_exps",)
+    ops.append(MoE("m", "h", "router", layer.index, m, tuple(p + b + ".weight" for b in banks),
+                   scales=p + "ffn_down_exps.scale" if pf.expert_scales else None))
+    ops.append(RMSNorm("m", "m", p + "post_ffw_norm_2.weight", eps))
+    ops.append(Add("f", "f", "m"))
+    ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", eps))
+    ops.append(Add("x", "x", "f"))
+    return ops
+
+
+def _layer_tail(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
+    """What follows the FFN's residual add in gemma4: the per-layer embedding's branch (its gate
+    on the stream times this layer's per-layer input, projected back, normed, added) and the
+    layer's output scale."""
+    p = f"blk.{layer.index}."
+    ops: list[Op] = []
+    if spec.per_layer_input:
+        ops.append(MatMul("pg", "x", p + "inp_gate.weight", n_out=spec.per_layer_input))
+        ops.append(PLEGate("pg", "ple", layer.index, spec.per_layer_input, Activation.GELU_F16))
+        ops.append(MatMul("pp", "pg", p + "proj.weight", n_out=spec.n_embd))
+        ops.append(RMSNorm("pp", "pp", p + "post_norm.weight", spec.norm_eps))
+        ops.append(Add("x", "x", "pp"))
+    if layer.output_scale:
+        ops.append(Mul("x", p + "layer_output_scale.weight"))
     return ops

@@ -45,7 +45,7 @@ from gguf import GGUFEndian, GGUFWriter
 from gguf import LlamaFileType as _F
 from gguf.constants import GGML_QUANT_SIZES
 
-from infr import synth_moe, synth_qwen35
+from infr import synth_gemma4, synth_moe, synth_qwen35
 from infr.synth_encode import encode
 from infr.synth_presets import PRESETS, preset
 from infr.synth_spec import (ARCHS, DEFAULT_MIX, FILE_TYPES, WEIGHT_TYPE_INFO, WEIGHT_TYPES, Llama3Rope, SynthSpec,
@@ -71,13 +71,16 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 def _mixed_type(spec: SynthSpec, wt: WeightType, name: str) -> Q:
     """llama.cpp's choice for one matrix of a file type (the facts above)."""
+    if spec.arch == "gemma4" and name == "per_layer_token_embd.weight":
+        return synth_gemma4.mixed_type(spec, wt.ftype, name, wt.base, _use_more_bits) or wt.base
     if name == "output.weight" or (spec.tied and name == "token_embd.weight"):
         return Q.Q8_0 if wt.base == Q.Q8_0 else Q.Q6_K
     if not name.startswith("blk."):
         return wt.base
+    g4 = synth_gemma4.mixed_type(spec, wt.ftype, name, wt.base, _use_more_bits) if spec.arch == "gemma4" else None
     moe = synth_moe.mixed_type(spec, wt.ftype, name, wt.base) if spec.n_expert else None
-    if moe is not None:
-        return moe
+    if g4 is not None or moe is not None:
+        return g4 if g4 is not None else moe
     layer, n = int(name.split(".")[1]), spec.n_layers
     k_mix = wt.ftype in (_F.MOSTLY_Q4_K_M, _F.MOSTLY_Q5_K_M)
     if name.endswith(("attn_v.weight", "attn_qkv.weight")):  # one category (qwen35's DeltaNet qkv)
@@ -136,6 +139,9 @@ def tensor_plans(spec: SynthSpec) -> list[_TensorPlan]:
     def raw(name: str, shape: tuple[int, ...], kind: str) -> None:
         out.append(_TensorPlan(name, shape, kind, Q.F32))
 
+    if spec.arch == "gemma4":
+        synth_gemma4.tensors(spec, mat, vec, bank, raw)
+        return out
     mat("token_embd.weight", spec.n_vocab, e)
     if spec.rope_scaling is not None:
         vec("rope_freqs.weight", hd // 2, "rope_freqs")
@@ -187,6 +193,8 @@ def _uniform(seed: int, name: str, chunk: int, n: int, half_width: float) -> np.
 
 def _vector_values(spec: SynthSpec, t: _TensorPlan, seed: int) -> np.ndarray:
     n = t.shape[0]
+    if t.kind in synth_gemma4.VECTOR_KINDS:
+        return synth_gemma4.vector_values(spec, t.name, t.kind, n, seed, _uniform)
     if t.kind == "rope_freqs":
         assert spec.rope_scaling is not None
         return spec.rope_scaling.freq_factors(spec.rope_theta, spec.head_dim)
@@ -265,9 +273,9 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
     w.add_context_length(spec.ctx)
     w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layers)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(synth_gemma4.n_ff(spec))
     w.add_head_count(spec.n_heads)
-    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_head_count_kv(synth_gemma4.kv_heads(spec))
     # Converters write key/value lengths when they differ from n_embd / n_heads
     # (and always for qwen3 and gemma3, whose configs carry head_dim).
     if spec.qk_norm or spec.head_dim * spec.n_heads != spec.n_embd:
@@ -280,6 +288,7 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
         w.add_vocab_size(spec.n_vocab)
     synth_moe.add_metadata(w, spec)
     synth_qwen35.add_metadata(w, spec)
+    synth_gemma4.add_metadata(w, spec)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from infr import synth_gemma4
 from infr.synth_spec import Llama3Rope, SynthSpec
 
 
@@ -124,6 +125,7 @@ PRESETS: dict[str, SynthSpec] = {
         ctx=32768, rope_theta=1000000.0, sliding_window=512, tied=True, name="Gemma-3-270M (synthetic)",
     ),
 }
+PRESETS.update(synth_gemma4.presets(SynthSpec))  # tiny-gemma4*, gemma4-e2b, gemma4-26b-a4b
 
 
 def preset(name: str, **changes) -> SynthSpec:

@@ -11,10 +11,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import LlamaFileType
 
-from infr import synth_moe, synth_qwen35
+from infr import synth_gemma4, synth_moe, synth_qwen35
+from infr.synth_gemma4 import Gemma4Shape
 
 # qwen35moe is both: a MoE arch and a hybrid DeltaNet one
-ARCHS = tuple(dict.fromkeys(("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, *synth_qwen35.QWEN35_ARCHS)))
+ARCHS = tuple(dict.fromkeys(("llama", "qwen2", "qwen3", "gemma3", *synth_moe.MOE_ARCHS, *synth_qwen35.QWEN35_ARCHS, "gemma4")))
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,11 @@ class SynthSpec:
     full_attention_interval: int = 4
     recurrent_layers: tuple[bool, ...] | None = None  # written as attention.recurrent_layers instead
     n_rot: int = 0  # qwen35's rope.dimension_count (partial rotary)
+    gemma4: Gemma4Shape | None = None  # gemma4's layer kinds, PLE, KV sharing (infr/synth_gemma4.py)
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", *synth_qwen35.QWEN35_ARCHS)
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", *synth_qwen35.QWEN35_ARCHS, "gemma4")
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -92,12 +94,13 @@ class SynthSpec:
             raise ValueError("qwen2 needs n_heads * head_dim == n_embd")
         if self.arch == "gemma3" and not self.sliding_window:
             raise ValueError("gemma3 needs a sliding_window")
-        if self.arch != "gemma3" and self.sliding_window:
+        if self.arch not in ("gemma3", "gemma4") and self.sliding_window:
             raise ValueError(f"{self.arch} has no sliding window")
         if self.rope_scaling is not None and self.arch not in ("llama", "llama4"):
             raise ValueError("rope_scaling (Llama 3 rope_freqs) is for llama and llama4 only")
         synth_moe.validate(self)
         synth_qwen35.validate(self)
+        synth_gemma4.validate(self)
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"unknown weight_type {self.weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
 

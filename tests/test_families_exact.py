@@ -87,9 +87,10 @@ def assert_close(name: str, got: np.ndarray, want: np.ndarray) -> None:
 def test_fixture_covers_every_family():
     from infr.models import FAMILIES
 
-    # the MoE families' oracle is moe.json (tests/test_moe_exact.py), qwen35's and qwen35moe's qwen35.json
-    # (test_qwen35_exact.py)
-    others = [json.loads((FIXTURE.parent / f).read_text())["models"] for f in ("moe.json", "qwen35.json")]
+    # the MoE families' oracle is moe.json (tests/test_moe_exact.py), qwen35's qwen35.json (test_qwen35_exact.py),
+    # gemma4's gemma4.json (test_gemma4_exact.py)
+    others = [json.loads((FIXTURE.parent / f).read_text())["models"] for f in ("moe.json", "qwen35.json",
+                                                                               "gemma4.json")]
     covered = {fam["arch"] for fam in DATA["families"].values()} | {m["arch"] for o in others for m in o.values()}
     assert covered == set(FAMILIES)
 

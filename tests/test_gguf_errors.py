@@ -68,7 +68,7 @@ def test_truncated_header(tmp_path):
 def test_unsupported_architecture(tmp_path):
     gf = open_gguf(_write(tmp_path / "m.gguf", arch="mamba"))
     with pytest.raises(UnsupportedError,
-                       match=r"unsupported architecture 'mamba'; supported: gemma3, llama, llama4, qwen2, qwen3, qwen35, qwen35moe, qwen3moe"):
+                       match=r"unsupported architecture 'mamba'; supported: gemma3, gemma4, llama, llama4, qwen2, qwen3, qwen35, qwen35moe, qwen3moe"):
         build_spec(gf)
 
 

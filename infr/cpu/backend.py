@@ -60,7 +60,7 @@ class CPUBackend:
         head = {id(op) for op in plan.head}
         floats = {op.weight for op in plan.ops
                   if isinstance(op, MatMul) and (id(op) not in head or id(op) not in self._mmq)}
-        skip = ({op.weight for op in plan.head if isinstance(op, MatMul)} | {plan.embed[0].table}) - floats
+        skip = ({op.weight for op in plan.head if isinstance(op, MatMul)} | set(plan.row_tables)) - floats
         skip |= plan.expert_banks  # experts: read as chosen (infr/cpu/moe.py)
         self.w.load_all(plan.weights(), skip=frozenset(skip))
         self.block_size = int(block_size)

@@ -110,9 +110,10 @@ def route(logits: np.ndarray, m: MoESpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[ExpertBank],
-                q8: tuple[bool, ...], rounding: str = INFR) -> np.ndarray:
+                q8: tuple[bool, ...], rounding: str = INFR, scales: np.ndarray | None = None) -> np.ndarray:
     """The experts' weighted sum for each row of h [T, n_embd]; q8: which banks take rounded input,
-    rounded `rounding`'s way (numerics.ROUNDINGS)."""
+    rounded `rounding`'s way (numerics.ROUNDINGS); scales: per expert, a factor of its output
+    before the router's weight (gemma4's ffn_down_exps.scale)."""
     chosen, w = route(logits, m)
     t, k = chosen.shape
     n_embd = h.shape[1]
@@ -138,6 +139,8 @@ def moe_forward(h: np.ndarray, logits: np.ndarray, m: MoESpec, banks: list[Exper
             if q8_down:
                 a = quantize_q8(a, rounding)
             y = a @ dt
+            if scales is not None:
+                y = y * scales[e]
             if not m.weight_before:
                 y = y * w[r, s]
             ys[r, s] = y

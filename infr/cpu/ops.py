@@ -81,12 +81,36 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + np.float32(0.044715) * x * x * x)))
 
 
+_GELU_TABLE: list[np.ndarray] = []
+
+
+def _gelu_table() -> np.ndarray:
+    """llama.cpp's CPU GELU table: for every float16 bit pattern h, f16(gelu(h)) with gelu computed in
+    float32 as ggml_gelu_f32 arranges it, 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))."""
+    if not _GELU_TABLE:
+        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+                GELU_C * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+        _GELU_TABLE.append(y.astype(np.float16).astype(np.float32))
+    return _GELU_TABLE[0]
+
+
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """GELU as llama.cpp's CPU backend computes it (GGML_GELU_FP16): the table at f16(x) for
+    -10 < x < 10, 0 at or below -10, x at or above 10."""
+    x = np.asarray(x, np.float32)
+    y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
+    y = np.where(x <= -10.0, np.float32(0.0), y)
+    return np.where(x >= 10.0, x, y).astype(np.float32, copy=False)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
 def gated_act(gate: np.ndarray, up: np.ndarray, act: Activation) -> np.ndarray:
-    f = silu if act is Activation.SILU else gelu_tanh
+    f = {Activation.SILU: silu, Activation.GELU: gelu_tanh, Activation.GELU_F16: gelu_f16}[act]
     return (f(gate) * up).astype(np.float32, copy=False)
 
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 from infr.errors import UnsupportedError
 from infr.gguf_file import GGUFFile
-from infr.models import gemma3, llama, llama4, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
+from infr.models import gemma3, gemma4, llama, llama4, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
 from infr.models.spec import ModelSpec
 
 FAMILIES: dict[str, Callable[[GGUFFile], ModelSpec]] = {
@@ -14,6 +14,7 @@ FAMILIES: dict[str, Callable[[GGUFFile], ModelSpec]] = {
     "qwen2": qwen2.build,
     "qwen3": qwen3.build,
     "gemma3": gemma3.build,
+    "gemma4": gemma4.build,
     "qwen3moe": qwen3moe.build,
     "llama4": llama4.build,
     "qwen35": qwen35.build,

@@ -24,6 +24,9 @@ class RopeStyle(str, Enum):
 class Activation(str, Enum):
     SILU = "silu"
     GELU = "gelu"  # tanh approximation, as gemma and llama.cpp use
+    # the tanh GELU as llama.cpp's CPU backend computes it (GGML_GELU_FP16): f16(gelu(f16(x))) from a
+    # table for -10 < x < 10, 0 below, x above; gemma4's oracle differs from exact GELU by ~1e-4 otherwise
+    GELU_F16 = "gelu_f16"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class AttentionSpec:
     temperature: "QueryTemperature | None" = None  # queries scaled by a factor of their position
     # qwen35: attn_q's rows are per head [q_h | gate_h]; the attention output is times sigmoid(gate)
     output_gate: bool = False
+    # gemma4: V is the raw K projection where a layer has no attn_v; a weightless RMSNorm on each V head
+    v_from_k: bool = False
+    v_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,18 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class ParallelFFN:
+    """gemma4's MoE layers (wave2-families.md section 3.3): a dense GeGLU FFN (its pre-norm ffn_norm,
+    post-norm post_ffw_norm_1) beside a routed MoE (pre-norm pre_ffw_norm_2, post-norm post_ffw_norm_2),
+    their sum then post_ffw_norm'd. The router reads the RAW residual: rms(x) / sqrt(n_embd) times
+    ffn_gate_inp.scale; expert_scales: each expert's output times ffn_down_exps.scale[e]."""
+
+    dense: FFNSpec
+    moe: MoESpec
+    expert_scales: bool = False
+
+
+@dataclass(frozen=True)
 class DeltaNetSpec:
     """A gated DeltaNet mixer (qwen35, wave2-families.md section 2.3): a causal depthwise conv over
     the [q | k | v] projection, L2-normed q and k, and per V-head a d_k x d_v state updated by the
@@ -144,11 +162,14 @@ class DeltaNetSpec:
 class LayerSpec:
     index: int
     attention: AttentionSpec  # the model's attention shape (unused where mixer is set)
-    ffn: "FFNSpec | MoESpec"
+    ffn: "FFNSpec | MoESpec | ParallelFFN"
     post_attn_norm: bool = False  # norm the attention output before the residual add
     post_ffn_norm: bool = False
     mixer: DeltaNetSpec | None = None  # a recurrent mixer in place of the attention
     ffn_norm: str = "ffn_norm"  # the FFN's pre-norm tensor (qwen35: post_attention_norm)
+    # gemma4: a KV-shared layer reads layer kv_from's cache and keeps none of its own (no K/V projection)
+    kv_from: int | None = None
+    output_scale: bool = False  # the layer's output times layer_output_scale.weight (one value)
 
 
 @dataclass(frozen=True)
@@ -163,6 +184,7 @@ class ModelSpec:
     tied_embeddings: bool
     embed_scale: float = 1.0
     final_logit_softcap: float | None = None
+    per_layer_input: int = 0  # gemma4's per-layer embeddings (PLE): their width per layer (0: none)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -175,7 +197,7 @@ class ModelSpec:
 
     @property
     def moe(self) -> bool:
-        return any(isinstance(layer.ffn, MoESpec) for layer in self.layers)
+        return any(isinstance(layer.ffn, (MoESpec, ParallelFFN)) for layer in self.layers)
 
     def describe(self) -> str:
         a0 = self.layers[0].attention
@@ -195,7 +217,8 @@ class ModelSpec:
                 f"x {m.d_k}, conv {m.d_conv}")
 
     def _describe_moe(self) -> str:
-        moe = [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoESpec)]
+        moe = [layer.ffn.moe if isinstance(layer.ffn, ParallelFFN) else layer.ffn for layer in self.layers
+               if isinstance(layer.ffn, (MoESpec, ParallelFFN))]
         if not moe:
             return ""
         m = moe[0]
