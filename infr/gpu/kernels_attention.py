@@ -49,8 +49,11 @@ DECODE_MAX_T = 64
 # at depth 128 (17 vs 43 µs a layer, profiled), and split-K pays where there are
 # thousands of keys (tg64 at depth 4096: 156 vs 66 t/s on the 8B shape). Both
 # are in the graph; each reads the lengths from `rows` and one of them idles per row.
+# Where they part: on an H100 (Dawn, 8B, a 4096-key context) one stream decoding from 400 keys ran
+# 258 t/s with split-K from 256 keys against 249 from 512, and from 139 keys 279 either way, while
+# split-K from 128 keys lost there (257): perf/h200/split-from-2026-12-05-h100.txt.
 # INFR_ATTN_SPLIT_FROM overrides (0: split-K at every length).
-SPLIT_FROM = TU.AttentionTuning.split_from  # 512
+SPLIT_FROM = TU.AttentionTuning.split_from  # 256
 # A graph for a context of at most this many keys holds the one-pass kernel
 # alone: the idle split-K dispatches cost ~7.5 µs a layer on the H200 (8B tg128
 # 205 vs 216 t/s), more than one-pass loses in the last few hundred positions.

@@ -23,7 +23,7 @@ class AttentionTuning:
 
     chunk: int = 0
     wgs: int = 512
-    split_from: int = 512
+    split_from: int = 256  # perf/h200/split-from-2026-12-05-h100.txt
     split_t: int = 4
     one_pass_ctx: int = 1024
 

@@ -187,6 +187,37 @@ def test_batched_equals_alone_and_the_cpu_reference(gpu, files):
     assert together == alone == go(on_cpu, prompts)
 
 
+def test_the_engine_restores_a_gpu_checkpoint_for_a_shared_prefix(gpu, files):
+    """The engine's prefix reuse (infr/checkpoints.py) through the GPU backend's save_state/load_state:
+    a request sharing two blocks with an earlier one restores the snapshot there, prefills only the
+    rest, and gives the tokens of a cold run (no prefix cache) and of the CPU reference."""
+    greedy = SamplingParams(temperature=0.0)
+    rng = np.random.default_rng(11)
+    shared = rng.integers(0, TINY.n_vocab, 80).tolist()
+    a, b = shared + rng.integers(0, TINY.n_vocab, 20).tolist(), shared + rng.integers(0, TINY.n_vocab, 15).tolist()
+
+    def go(model, p, **kw):
+        r = model.engine.submit(Request(list(p), greedy, max_new=8, ignore_eos=True, **kw))
+        model.engine.run_until(lambda: r.done)
+        assert r.finish_reason == "length", r.error
+        return r
+
+    model = Model(files["F32"], n_ctx=160, backend="gpu", checkpoint_every=1)
+    assert go(model, a).cached_tokens == 0
+    rows = model.engine.stats.prefill_rows
+    rb = go(model, b)
+    assert rb.cached_tokens == 64 and model.checkpoints.restored == 1
+    assert model.engine.stats.prefill_rows - rows == len(b) - 64
+    cold = Model(files["F32"], n_ctx=160, backend="gpu", checkpoints=0)
+    assert rb.output == go(cold, b, cache_prompt=False).output
+    assert rb.output == go(Model(files["F32"], n_ctx=160, backend="cpu", checkpoints=0), b).output
+    # Greedy tokens of a tiny random model can survive a wrong state; the states themselves cannot.
+    for layer, (conv, S) in model.backend.recurrent.read(0).items():
+        want_conv, want_S = cold.backend.recurrent.read(0)[layer]
+        np.testing.assert_allclose(conv, want_conv, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(S, want_S, rtol=1e-4, atol=1e-5)
+
+
 def test_checkpoint_saved_and_loaded_continues_as_uninterrupted(gpu, files):
     """save_state after a prefix, another sequence through the slot (its KV in other blocks: the
     checkpoint is the recurrent state alone, the engine keeps the blocks), load_state, go on."""
