@@ -27,13 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infr import synth
 from infr.cpu.backend import CPUBackend
 from infr.gguf_file import open_gguf
 from infr.models import build_spec
 from infr.ops import MatMul
 from infr.plan import build_plan
-from tests.test_moe_exact import backend, check_decode, check_teacher, rows, softmax, use_llamacpp_rounding
+from tests.test_moe_exact import backend, check_decode, check_teacher, rows, softmax, synth_models
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gemma4.json"
 MAX_DP = 1e-4
@@ -42,30 +41,12 @@ DATA = json.loads(FIXTURE.read_text())
 MODELS = sorted(DATA["models"])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gemma4")
-    cache: dict[str, Path] = {}
-
-    def get(key: str) -> Path:
-        if key not in cache:
-            m = DATA["models"][key]
-            spec = replace(synth.PRESETS[m["preset"]], weight_type=m["weight_type"])
-            cache[key] = synth.write_gguf(spec, root / f"{key}.gguf", seed=m["seed"])
-        return cache[key]
-
-    return get
+models = synth_models(DATA, "gemma4")
 
 
-@pytest.fixture
-def g4_rounding(monkeypatch):
-    def use(key: str) -> float:
-        if DATA["models"][key]["weight_type"] == "F32":
-            return MAX_DP
-        use_llamacpp_rounding(monkeypatch)
-        return MAX_DP_Q8
-
-    return use
+def g4_rounding(key: str) -> float:
+    """The bound for key's weight type (backend() builds the oracle plan with llama.cpp's rounding)."""
+    return MAX_DP if DATA["models"][key]["weight_type"] == "F32" else MAX_DP_Q8
 
 
 def test_the_fixture_prompts_cross_the_window(models):
@@ -81,12 +62,12 @@ def test_synth_file_is_the_one_llamacpp_ran(models, key):
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_teacher_forced_batch_matches_llamacpp(models, g4_rounding, key):
+def test_teacher_forced_batch_matches_llamacpp(models, key):
     check_teacher(DATA, models(key), key, g4_rounding(key))
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_greedy_decode_matches_llamacpp(models, g4_rounding, key):
+def test_greedy_decode_matches_llamacpp(models, key):
     check_decode(DATA, models(key), key, g4_rounding(key))
 
 

@@ -51,9 +51,25 @@ MAX_DP = 1e-4
 MAX_DP_Q8 = 2e-3
 
 
-def use_llamacpp_rounding(monkeypatch) -> None:
-    """Kept for test_qwen35_exact: backend() now builds every oracle plan with llama.cpp's rounding
-    (Plan.q8_rounding), so there is nothing left to patch."""
+def synth_models(data: dict, folder: str):
+    """A module-scoped fixture: key -> the GGUF of data["models"][key], written by infr.synth from its
+    preset, weight type and seed (once per module); tests check it is the file llama.cpp ran."""
+
+    @pytest.fixture(scope="module")
+    def models(tmp_path_factory):
+        root = tmp_path_factory.mktemp(folder)
+        cache: dict[str, Path] = {}
+
+        def get(key: str) -> Path:
+            if key not in cache:
+                m = data["models"][key]
+                spec = replace(synth.PRESETS[m["preset"]], weight_type=m["weight_type"])
+                cache[key] = synth.write_gguf(spec, root / f"{key}.gguf", seed=m["seed"])
+            return cache[key]
+
+        return get
+
+    return models
 
 
 def bound(key: str) -> float:
@@ -71,19 +87,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("moe")
-
-    def get(key: str) -> Path:
-        if key not in cache:
-            m = DATA["models"][key]
-            spec = replace(synth.PRESETS[m["preset"]], weight_type=m["weight_type"])
-            cache[key] = synth.write_gguf(spec, root / f"{key}.gguf", seed=m["seed"])
-        return cache[key]
-
-    return get
+models = synth_models(DATA, "moe")
 
 
 def oracle_plan(gf, spec_edit=None) -> Plan:

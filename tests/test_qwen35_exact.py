@@ -34,7 +34,7 @@ import pytest
 
 from infr import synth
 from tests.test_moe_exact import (backend, check_decode, check_teacher, decode, rows, softmax,
-                                  use_llamacpp_rounding)
+                                  synth_models)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen35.json"
 MAX_DP = 1e-4
@@ -44,32 +44,12 @@ DATA = json.loads(FIXTURE.read_text())
 MODELS = sorted(DATA["models"])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen35")
-    cache: dict[str, Path] = {}
-
-    def get(key: str) -> Path:
-        if key not in cache:
-            m = DATA["models"][key]
-            spec = replace(synth.PRESETS[m["preset"]], weight_type=m["weight_type"])
-            cache[key] = synth.write_gguf(spec, root / f"{key}.gguf", seed=m["seed"])
-        return cache[key]
-
-    return get
+models = synth_models(DATA, "qwen35")
 
 
-@pytest.fixture
-def q35_rounding(monkeypatch):
-    """For key's weight type: the bound, with llama.cpp's activation rounding in place for Q8_0."""
-
-    def use(key: str) -> float:
-        if DATA["models"][key]["weight_type"] == "F32":
-            return MAX_DP
-        use_llamacpp_rounding(monkeypatch)
-        return MAX_DP_Q8
-
-    return use
+def q35_rounding(key: str) -> float:
+    """The bound for key's weight type (backend() builds the oracle plan with llama.cpp's rounding)."""
+    return MAX_DP if DATA["models"][key]["weight_type"] == "F32" else MAX_DP_Q8
 
 
 def test_the_models_have_recurrent_layers(models):
@@ -89,7 +69,7 @@ def check_median(key: str, got_logits: np.ndarray, want: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_teacher_forced_batch_matches_llamacpp(models, q35_rounding, key):
+def test_teacher_forced_batch_matches_llamacpp(models, key):
     bound = q35_rounding(key)
     check_teacher(DATA, models(key), key, bound)
     if bound == MAX_DP_Q8:
@@ -99,7 +79,7 @@ def test_teacher_forced_batch_matches_llamacpp(models, q35_rounding, key):
 
 
 @pytest.mark.parametrize("key", MODELS)
-def test_greedy_decode_matches_llamacpp(models, q35_rounding, key):
+def test_greedy_decode_matches_llamacpp(models, key):
     bound = q35_rounding(key)
     check_decode(DATA, models(key), key, bound)
     if bound == MAX_DP_Q8:
