@@ -103,15 +103,21 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     assert not errors, errors
 
 
-def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
-    """A tiny llama4 (weightless q/k norm, query temperature, chunked attention, MoE) through the engine."""
-    asked = _record_pipelines(monkeypatch)
-    path = synth.write_gguf(synth.preset("tiny-llama4", weight_type="Q8_0"), tmp_path / "l4.gguf")
+def _run_tiny(tmp_path, preset: str) -> None:
+    """A tiny Q8_0 model of the preset through the engine on the GPU: a 29-token and a 4-token prompt
+    batched, three greedy tokens each (prompt, decode and batched graphs)."""
+    path = synth.write_gguf(synth.preset(preset, weight_type="Q8_0"), tmp_path / f"{preset}.gguf")
     model = Model(path, n_ctx=64, backend="gpu", parallel=2)
     reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
                                         ignore_eos=True)) for n in (30, 5)]
     model.engine.run_until(lambda: all(r.done for r in reqs))
     assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+
+
+def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    """A tiny llama4 (weightless q/k norm, query temperature, chunked attention, MoE) through the engine."""
+    asked = _record_pipelines(monkeypatch)
+    _run_tiny(tmp_path, "tiny-llama4")
     names = {k[0] for k in asked}
     assert {"query_temp", "rmsnorm", "attention", "attn_tiled", "moe_route"} <= names, names
     errors = _tint_errors(tint, asked)
@@ -139,12 +145,7 @@ def test_llamacpp_rounding_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path): 
 def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
     """A tiny qwen35 (the DeltaNet mixer, gated attention with partial rotary) through the engine."""
     asked = _record_pipelines(monkeypatch)
-    path = synth.write_gguf(synth.preset("tiny-qwen35", weight_type="Q8_0"), tmp_path / "q35.gguf")
-    model = Model(path, n_ctx=64, backend="gpu", parallel=2)
-    reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
-                                        ignore_eos=True)) for n in (30, 5)]
-    model.engine.run_until(lambda: all(r.done for r in reqs))
-    assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+    _run_tiny(tmp_path, "tiny-qwen35")
     names = {k[0] for k in asked}
     assert {"deltanet_conv", "deltanet_gates", "deltanet_rule", "gated_attn", "rope_kv"} <= names, names
     assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
