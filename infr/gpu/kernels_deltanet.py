@@ -170,8 +170,9 @@ class RecurrentStates:
 
     def advance(self, positions, slots, steps: int = 1) -> None:
         """After a pass (or `steps` decode steps) over these rows: each slot stands past its last row."""
-        for p, s in zip(np.asarray(positions, np.int64), np.asarray(slots, np.int64)):
-            self.pos[int(s)] = int(p) + steps
+        pos, slot = np.asarray(positions, np.int64), np.asarray(slots, np.int64)
+        for s in np.unique(slot):  # a slot's last row in batch order (check_rows: its highest position)
+            self.pos[int(s)] = int(pos[slot == s][-1]) + steps
 
     # --- checkpoints
 
