@@ -5,8 +5,8 @@ infr/cpu/deltanet.py and infr/cpu/kinds.py.
 The DeltaNet op is three dispatches, each token-serial over the batch's live rows (a slot's rows
 in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.wgsl (the causal conv with its
 state, silu; a thread per channel), wgsl/deltanet_gates.wgsl (beta' and g per row and V-head),
-wgsl/deltanet_rule.wgsl (the delta rule with S in registers and the gated RMSNorm times silu(z);
-a workgroup per (V-head, slot)). Correctness first: the chunked form for long prompts is later work.
+wgsl/deltanet_rule.wgsl (the delta rule with S in registers; workgroups per (V-head, slot) split
+a head's columns) and wgsl/deltanet_norm.wgsl (the gated RMSNorm times silu(z)). Correctness first: the chunked form for long prompts is later work.
 
 State: one f32 buffer per DeltaNet layer, max_seqs slots of RecurrentState.spec.state_floats each
 (the conv's last d_conv - 1 inputs [d_conv - 1, conv_dim], then S [H_v, d_k, d_v]), the CPU
@@ -25,7 +25,7 @@ from infr.models.spec import DeltaNetSpec
 from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's and deltanet_gates.wgsl's @workgroup_size
-MAX_DK = 256  # the rule kernel keeps a column of S (d_k floats) per invocation
+MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
 
 
 def _pow2(n: int) -> int:
@@ -92,17 +92,34 @@ def gates_dispatch(kernels: Kernels, beta, alpha, consts, gates, n_v_heads: int,
                     f"deltanet_gates {n_v_heads}")
 
 
-def rule_dispatch(kernels: Kernels, u, gates, z, consts, live, rows, rstate, dst, m: DeltaNetSpec, eps: float,
-                  n_slots: int) -> Dispatch:
-    """dst [T, H_v * d_v] = the delta rule's output of each live row, gated-RMSNormed times silu(z)."""
+def rule_layout(d_k: int) -> dict[str, int]:
+    """deltanet_rule.wgsl's split of a head's S (its header): WC columns a workgroup, R invocations a
+    column (R divides d_k), so an invocation keeps d_k / R floats (16 at d_k 128)."""
+    R = next(r for r in (8, 4, 2, 1) if d_k % r == 0)
+    return {"DK": d_k, "WC": min(_pow2(d_k), 32), "R": R}
+
+
+def rule_dispatches(kernels: Kernels, u, gates, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
+                    eps: float, n_slots: int, T: int) -> list[Dispatch]:
+    """dst [T, H_v * d_v] = the delta rule's output of each live row (into o, scratch of that size),
+    then gated-RMSNormed times silu(z)."""
     check_spec(m)
-    pipe = kernels.pipeline("deltanet_rule", "main", DK=m.d_k, WG=max(_pow2(m.d_k), 4))
+    lay = rule_layout(m.d_k)
+    pipe = kernels.pipeline("deltanet_rule", "main", **lay)
     data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
                      ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
                      ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
     p = KS._params(kernels, data, None, "deltanet_rule")
-    return Dispatch(pipe, kernels.bind(pipe, [p, u, gates, z, consts, live, rows, rstate, dst]),
-                    (m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
+    nb = -(-m.d_k // lay["WC"])
+    rule = Dispatch(pipe, kernels.bind(pipe, [p, u, gates, live, rows, rstate, o]),
+                    (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
+    if T > 65535:
+        raise UnsupportedError(f"deltanet_norm takes at most 65535 rows a pass, not {T}")
+    npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, WG=min(max(_pow2(m.d_k), 4), 256))
+    pn = KS._params(kernels, KS._pack([("h_v", "u32", m.n_v_heads), ("eps", "f32", eps)]), None, "deltanet_norm")
+    norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst]), (m.n_v_heads, T, 1),
+                    f"deltanet_norm {m.n_v_heads}x{m.d_k}")
+    return [rule, norm]
 
 
 class RecurrentStates:
@@ -142,7 +159,9 @@ class RecurrentStates:
         heads = max((m.n_v_heads for m in self.specs.values()), default=0)
         self.u = storage(dev, 4 * max_rows * max(widest, 1), label="deltanet.u") if self.specs else None
         self.gates = storage(dev, 4 * max_rows * 2 * heads, label="deltanet.gates") if self.specs else None
-        self.vram += (self.u.size + self.gates.size) if self.specs else 0
+        values = max((m.n_v_heads * m.d_v for m in self.specs.values()), default=0)
+        self.o = storage(dev, 4 * max_rows * max(values, 1), label="deltanet.o") if self.specs else None
+        self.vram += (self.u.size + self.gates.size + self.o.size) if self.specs else 0
 
     @staticmethod
     def tensors(plan) -> frozenset[str]:
@@ -227,4 +246,5 @@ def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
     buf, consts = rs.buffers[op.layer], rs.consts[op.layer]
     return [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
             gates_dispatch(k, beta, alpha, consts, rs.gates, m.n_v_heads, lower.rows),
-            rule_dispatch(k, rs.u, rs.gates, z, consts, live, rows, buf, y, m, op.eps, rs.max_seqs)]
+            *rule_dispatches(k, rs.u, rs.gates, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
+                             lower.rows)]

@@ -81,6 +81,7 @@ class _Mixer:
         self.consts = storage(gpu, np.concatenate([self.dt_bias, self.a, self.norm]))
         self.u = storage(gpu, 4 * T_max * m.conv_dim)
         self.gates = storage(gpu, 4 * T_max * 2 * H)
+        self.o = storage(gpu, 4 * T_max * H * m.d_v)
         self.store = RecurrentStore({0: m})
 
     def step(self, pos, slots):
@@ -94,8 +95,8 @@ class _Mixer:
         dst = storage(gpu, np.full(T * H * m.d_v, np.nan, F32))
         run(gpu, [KDN.conv_dispatch(k, storage(gpu, qkv), self.conv, pg.state, pg.rows, self.rstate, self.u, m),
                   KDN.gates_dispatch(k, storage(gpu, beta), storage(gpu, alpha), self.consts, self.gates, H, T),
-                  KDN.rule_dispatch(k, self.u, self.gates, storage(gpu, z), self.consts, pg.state, pg.rows,
-                                    self.rstate, dst, m, self.eps, self.max_seqs)])
+                  *KDN.rule_dispatches(k, self.u, self.gates, storage(gpu, z), self.consts, pg.state, pg.rows,
+                                       self.rstate, self.o, dst, m, self.eps, self.max_seqs, T)])
         want = deltanet_forward(m, qkv, z, beta, alpha, np.asarray(pos), np.asarray(slots), self.store, 0,
                                 self.conv_w, self.dt_bias, self.a, self.norm, self.eps)
         return read(gpu, dst, F32, T * H * m.d_v).reshape(T, -1), want
@@ -122,7 +123,8 @@ def _interleave(runs: list[tuple[int, int, int]]):
 
 
 @pytest.mark.parametrize("m", [DeltaNetSpec(2, 6, 12, 12, 4), DeltaNetSpec(3, 6, 16, 16, 4),
-                               DeltaNetSpec(1, 2, 5, 5, 3)], ids=["hv6-hk2-dk12", "hv6-hk3-dk16", "hv2-hk1-dk5-conv3"])
+                               DeltaNetSpec(1, 2, 5, 5, 3), DeltaNetSpec(1, 2, 128, 128, 4)],
+                         ids=["hv6-hk2-dk12", "hv6-hk3-dk16", "hv2-hk1-dk5-conv3", "hv2-hk1-dk128"])
 def test_deltanet_kernels_equal_the_reference(gpu, kernels, m):
     rng = np.random.default_rng(m.d_k)
     mix = _Mixer(gpu, kernels, m, 5, rng, 128)
