@@ -8,7 +8,7 @@ import only this.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Protocol
 
 import numpy as np
@@ -109,10 +109,13 @@ class Backend(RecurrentStates, Protocol):
         """Every row of the batch through the model; one sampled token per output row."""
         ...
 
-    def decode_steps(self, batch: Batch, k: int) -> Generator[list[int], None, None]:
+    def decode_steps(self, batch: Batch, k: int, stop: Callable[[], bool] | None = None
+                     ) -> Generator[list[int], None, None]:
         """k steps of a batch of decode rows (greedy, or drawn by the device's sampler), tokens
-        kept on the device (multi_step > 1): each step's tokens as they come back; closing it
-        early lets the steps in flight finish."""
+        kept on the device (multi_step > 1): each step's tokens as they come back. Once stop()
+        is true no step is started and those already running still come back: the caller keeps
+        every step that ran, which a recurrent model's state needs. Closing it early lets the
+        steps in flight finish (their tokens dropped)."""
         ...
 
     def free_memory(self) -> tuple[int, str] | None:

@@ -238,9 +238,10 @@ class Scheduler:
         request is decoding, greedy or drawn by the device's sampler, with nothing to check per token
         and nobody waits: up to backend.multi_step steps, as many as the closest finish allows. The
         tokens come back a few steps at a time and are handed out as they come; a new request or a
-        cancellation ends the call early. A request that ends part-way (end-of-generation, a stop
-        string) drops the rest of its tokens; the KV they wrote is past its end and goes with its
-        blocks."""
+        cancellation ends the call early: no more steps start, and those already running are kept
+        (a recurrent model's state has taken them). A request that ends part-way (end-of-generation,
+        a stop string) drops the rest of its tokens; the KV they wrote is past its end and goes with
+        its blocks (and a recurrent slot is started over or restored by its next user)."""
         k = self.backend.multi_step
         run = self.running
         if k < 2 or self.waiting or not run or len(run) > 64:
@@ -262,7 +263,7 @@ class Scheduler:
         batch = Batch.build([(r.slot, r.tokens[-1:], r.computed, r.kv.full, len(r.prompt)) for r in run], outputs,
                             self._window_tables(run))
         try:
-            steps = self.backend.decode_steps(batch, k)
+            steps = self.backend.decode_steps(batch, k, stop=lambda: bool(self._inbox) or any(r.cancelled for r in run))
         except Exception as e:
             for r in run:
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")
@@ -277,7 +278,7 @@ class Scheduler:
                 self.stats.add_step(len(live), len(live), now - t0)
                 t0 = now
                 for r, token in zip(run, tokens):
-                    if r.done:
+                    if r.done or r.cancelled:
                         continue
                     r.computed += 1
                     self.kv.register(r.kv, r.tokens, r.computed)
@@ -285,15 +286,13 @@ class Scheduler:
                         self._accept(r, int(token), None)
                     except Exception as e:
                         self._finish(r, "error", error=f"{type(e).__name__}: {e}")
-                if self._inbox or any(r.cancelled for r in run):
-                    break  # someone new waits, or left: the next step schedules them (the steps in flight are dropped)
         except Exception as e:
             for r in run:
                 if not r.done:
                     self._finish(r, "error", error=f"{type(e).__name__}: {e}")
             raise
         finally:
-            steps.close()  # the steps still in flight finish; their KV lies past what the requests keep
+            steps.close()  # all requests ended: the steps still in flight finish, their tokens dropped
         return True
 
     def run_until(self, done: Callable[[], bool]) -> None:

@@ -9,6 +9,8 @@
 // Per row (u: the conv's silu output, [q | k | v]; V-head h reads K-head h mod H_k):
 //   q, k = l2norm(u's K-head rows); S *= exp(g); delta = beta (v - S^T k); S += k delta^T;
 //   o = S^T q / sqrt(d_k), into o (the gated RMSNorm over a head's columns is deltanet_norm.wgsl).
+// The gates come from the row's beta and alpha here (no dispatch of their own):
+//   beta' = sigmoid(beta), g = softplus(alpha + dt_bias) * a (<= 0: a = -exp(A_log)).
 // Invocation tid holds column b * WC + tid % WC (b = the workgroup's block) and rows
 // (tid / WC) * NI .. + NI. Dispatch (NB * H_v, max_seqs, 1).
 
@@ -31,17 +33,28 @@ const NB: u32 = (DK + WC - 1u) / WC;  // workgroups a head
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> u: array<f32>;  // [T, conv_dim]
-@group(0) @binding(2) var<storage, read> gates: array<f32>;  // [T, 2 H_v]: beta', g
-@group(0) @binding(3) var<storage, read> live: array<u32>;  // [1] live rows
-@group(0) @binding(4) var<storage, read> rows: array<u32>;  // [2t] position, [2t + 1] slot
-@group(0) @binding(5) var<storage, read_write> rstate: array<f32>;
-@group(0) @binding(6) var<storage, read_write> o: array<f32>;  // [T, H_v * DK]
+@group(0) @binding(2) var<storage, read> beta: array<f32>;  // [T, H_v]
+@group(0) @binding(3) var<storage, read> alpha: array<f32>;  // [T, H_v]
+@group(0) @binding(4) var<storage, read> consts: array<f32>;  // [dt_bias (H_v) | a (H_v) | norm]
+@group(0) @binding(5) var<storage, read> live: array<u32>;  // [1] live rows
+@group(0) @binding(6) var<storage, read> rows: array<u32>;  // [2t] position, [2t + 1] slot
+@group(0) @binding(7) var<storage, read_write> rstate: array<f32>;
+@group(0) @binding(8) var<storage, read_write> o: array<f32>;  // [T, H_v * DK]
 
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
 var<workgroup> red: array<vec2<f32>, WG>;
 var<workgroup> part_k: array<f32, WG>;
 var<workgroup> part_o: array<f32, WG>;
+
+// log(1 + y) accurate for small y (WGSL has no log1p): the rounding of 1 + y divided out.
+fn log1p_(y: f32) -> f32 {
+    let s = 1.0 + y;
+    if (s == 1.0) {
+        return y;
+    }
+    return log(s) * (y / (s - 1.0));
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -57,6 +70,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let i0 = r * NI;
     let sb = slot * params.slot_stride + params.s_base + h * DK * DK;
     let k_off = params.h_k * DK;
+    let dt_bias = consts[h];
+    let a = consts[H + h];
     var S: array<f32, NI>;
     var loaded = false;
     let n = live[1];
@@ -78,8 +93,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // the row's loads issued together (their latencies overlap); q and k of its K-head go
         // into workgroup memory, with their sums of squares
         let row = t * params.conv_dim;
-        let beta = gates[t * 2u * H + h];
-        let decay = exp(gates[t * 2u * H + H + h]);
+        let b = 1.0 / (1.0 + exp(-beta[t * H + h]));
+        let x = alpha[t * H + h] + dt_bias;
+        var sp = x;  // ggml's softplus: x itself above 20
+        if (x <= 20.0) {
+            sp = log1p_(exp(x));
+        }
+        let decay = exp(sp * a);
         let v = u[row + 2u * k_off + h * DK + j];
         var acc = vec2<f32>(0.0);
         for (var i = tid; i < DK; i += WG) {
@@ -114,7 +134,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var q = 0u; q < R; q++) {
             kS += part_k[q * WC + c];
         }
-        let delta = beta * (v - kS);
+        let delta = b * (v - kS);
         var ov = 0.0;
         for (var i = 0u; i < NI; i++) {
             S[i] += ks[i0 + i] * delta;

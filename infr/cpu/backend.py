@@ -139,9 +139,12 @@ class CPUBackend:
         """The reference draws every sampled row with the request's host sampler (infr/sampling.py)."""
         return False
 
-    def decode_steps(self, batch: Batch, k: int) -> Generator[list[int], None, None]:
-        """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next."""
+    def decode_steps(self, batch: Batch, k: int, stop=None) -> Generator[list[int], None, None]:
+        """k greedy steps of a batch of decode rows: step() k times, each step's tokens fed to the next
+        (none after stop() is true: nothing runs ahead here)."""
         for _ in range(k):
+            if stop is not None and stop():
+                return
             tokens = self.step(batch).tokens
             yield tokens
             batch = Batch(np.asarray(tokens, np.int32), batch.positions + 1, batch.slots, batch.tables, batch.outputs,

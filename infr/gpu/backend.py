@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict, deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import numpy as np
 
@@ -77,10 +77,6 @@ class GPUBackend(Graphs):
         host_banks = HM.host_banks(plan, self.host_moe)
         if self.host_moe:
             self.multi_step = 1  # a host round trip every step: the engine calls step(), one at a time
-        if plan.recurrent:
-            # decode_steps runs ahead of what the engine keeps (closed early, the steps in flight still
-            # advance the recurrent state, which cannot be rewound): one step per call keeps them in step
-            self.multi_step = 1
         self.weights: dict[str, list] = {}  # matrices: row chunks; vectors: [buffer]
         self.vram = 0
         self._progress = progress  # optional callable(stage, done, total): load progress bars (infr/notebook.py)
@@ -430,14 +426,17 @@ class GPUBackend(Graphs):
 
     multi_step = 64  # decode steps the engine may run per call of decode_steps (tokens stream back every few)
 
-    def decode_steps(self, batch: Batch, k: int, per_submit: int = 4, depth: int = 3) -> Generator[list[int], None, None]:
+    def decode_steps(self, batch: Batch, k: int, stop: Callable[[], bool] | None = None, per_submit: int = 4,
+                     depth: int = 3) -> Generator[list[int], None, None]:
         """k steps of a batch of decode rows (row t: one sequence's next token, every row an
         output row), tokens kept on the GPU: each step's argmax, or a sampled row's GPU sampler
         (seeded: the draw hashes (seed, position), as step() draws it), writes the next step's
         ids, the step kernel logs them and advances every row. Yields each step's tokens, in row
         order, as they come back: each submit of `per_submit` steps copies its part of the token
         log into a staging buffer mapped asynchronously, and `depth` submits stay in flight, so the
-        host hands out tokens while the GPU runs the next steps. Closing the iterator early lets
+        host hands out tokens while the GPU runs the next steps. Once `stop()` is true no more
+        steps are submitted and those in flight are still yielded, so the caller keeps every step
+        that ran (a recurrent model's state cannot be rewound). Closing the iterator early lets
         the steps in flight finish (their KV lies past what the caller keeps). The caller owns
         blocks for every position the k steps write. Bad input raises here, at the call."""
         L = batch.rows
@@ -473,14 +472,17 @@ class GPUBackend(Graphs):
                 timer = None
         # every step submitted advances the rows' recurrent state, those in flight when closed early too
         ran = (lambda done: self.recurrent.advance(batch.positions, batch.slots, done)) if self.recurrent else None
-        return self._stream_steps(steps, int(batch.positions.max()), L, k, per_submit, depth, timer, ran)
+        return self._stream_steps(steps, int(batch.positions.max()), L, k, per_submit, depth, timer, ran, stop)
 
-    def _stream_steps(self, steps, start: int, L: int, k: int, per_submit: int, depth: int, timer, ran=None):
+    def _stream_steps(self, steps, start: int, L: int, k: int, per_submit: int, depth: int, timer, ran=None,
+                      stop=None):
         q = self.dev.device.queue
         pending: deque = deque()
         done = 0
         try:
             while done < k or pending:
+                if stop is not None and done < k and stop():
+                    k = done  # submit no more; what is in flight still comes back
                 while done < k and len(pending) < depth:
                     n = min(per_submit, k - done)
                     with profile.HostClock(timer, "encode"):

@@ -2,11 +2,13 @@
 state, and the gated attention's two elementwise ops (HeadSlice, SigmoidMul). CPU reference:
 infr/cpu/deltanet.py and infr/cpu/kinds.py.
 
-The DeltaNet op is three dispatches, each token-serial over the batch's live rows (a slot's rows
-in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.wgsl (the causal conv with its
-state, silu; a thread per channel), wgsl/deltanet_gates.wgsl (beta' and g per row and V-head),
-wgsl/deltanet_rule.wgsl (the delta rule with S in registers; workgroups per (V-head, slot) split
-a head's columns) and wgsl/deltanet_norm.wgsl (the gated RMSNorm times silu(z)). Correctness first: the chunked form for long prompts is later work.
+The DeltaNet op is three dispatches, the first two token-serial over the batch's live rows (a
+slot's rows in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.wgsl (the causal
+conv with its state, silu; a thread per channel), wgsl/deltanet_rule.wgsl (the gates beta' and g,
+then the delta rule with S in registers; a V-head's columns split over workgroups per slot) and
+wgsl/deltanet_norm.wgsl (the gated RMSNorm times silu(z), and the rounded copy the output
+projection's int8 GEMV reads). The chunked form for long prompts is not written: the token-serial
+rule measured fast enough at 512 tokens (perf/h200/compare-qwen35-4b-*).
 
 State: one f32 buffer per DeltaNet layer, max_seqs slots of RecurrentState.spec.state_floats each
 (the conv's last d_conv - 1 inputs [d_conv - 1, conv_dim], then S [H_v, d_k, d_v]), the CPU
@@ -20,11 +22,12 @@ import numpy as np
 
 from infr.errors import InfrError, UnsupportedError
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.models.spec import DeltaNetSpec
 from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
-CONV_WG = 64  # deltanet_conv.wgsl's and deltanet_gates.wgsl's @workgroup_size
+CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
 
 
@@ -84,14 +87,6 @@ def conv_dispatch(kernels: Kernels, qkv, w, live, rows, rstate, u, m: DeltaNetSp
                     f"deltanet_conv {m.conv_dim}x{m.d_conv}")
 
 
-def gates_dispatch(kernels: Kernels, beta, alpha, consts, gates, n_v_heads: int, T: int) -> Dispatch:
-    """gates [T, 2 H_v] = (sigmoid(beta), softplus(alpha + dt_bias) * a) per row and V-head."""
-    pipe = kernels.pipeline("deltanet_gates", "main")
-    p = KS._params(kernels, KS._pack([("h_v", "u32", n_v_heads), ("T", "u32", T)]), None, "deltanet_gates")
-    return Dispatch(pipe, kernels.bind(pipe, [p, beta, alpha, consts, gates]), (-(-T * n_v_heads // CONV_WG), 1, 1),
-                    f"deltanet_gates {n_v_heads}")
-
-
 def rule_layout(d_k: int) -> dict[str, int]:
     """deltanet_rule.wgsl's split of a head's S (its header): WC columns a workgroup, R invocations a
     column (R divides d_k), so an invocation keeps d_k / R floats (16 at d_k 128)."""
@@ -99,10 +94,11 @@ def rule_layout(d_k: int) -> dict[str, int]:
     return {"DK": d_k, "WC": min(_pow2(d_k), 32), "R": R}
 
 
-def rule_dispatches(kernels: Kernels, u, gates, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
-                    eps: float, n_slots: int, T: int) -> list[Dispatch]:
+def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
+                    eps: float, n_slots: int, T: int, xq=None) -> list[Dispatch]:
     """dst [T, H_v * d_v] = the delta rule's output of each live row (into o, scratch of that size),
-    then gated-RMSNormed times silu(z)."""
+    then gated-RMSNormed times silu(z); with xq (KQ.scratch) dst also rounded to 8 bits there, for
+    the output projection's int8 GEMV (KS.can_round_output)."""
     check_spec(m)
     lay = rule_layout(m.d_k)
     pipe = kernels.pipeline("deltanet_rule", "main", **lay)
@@ -111,13 +107,14 @@ def rule_dispatches(kernels: Kernels, u, gates, z, consts, live, rows, rstate, o
                      ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
     p = KS._params(kernels, data, None, "deltanet_rule")
     nb = -(-m.d_k // lay["WC"])
-    rule = Dispatch(pipe, kernels.bind(pipe, [p, u, gates, live, rows, rstate, o]),
+    rule = Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
                     (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
     if T > 65535:
         raise UnsupportedError(f"deltanet_norm takes at most 65535 rows a pass, not {T}")
-    npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, WG=min(max(_pow2(m.d_k), 4), 256))
+    npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, **KS.q8_out_consts(xq, m.n_v_heads, m.d_v, 6))
     pn = KS._params(kernels, KS._pack([("h_v", "u32", m.n_v_heads), ("eps", "f32", eps)]), None, "deltanet_norm")
-    norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst]), (m.n_v_heads, T, 1),
+    norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst] + ([xq] if xq is not None else [])),
+                    (m.n_v_heads, T, 1),
                     f"deltanet_norm {m.n_v_heads}x{m.d_k}")
     return [rule, norm]
 
@@ -158,10 +155,9 @@ class RecurrentStates:
             widest = max(widest, m.conv_dim)
         heads = max((m.n_v_heads for m in self.specs.values()), default=0)
         self.u = storage(dev, 4 * max_rows * max(widest, 1), label="deltanet.u") if self.specs else None
-        self.gates = storage(dev, 4 * max_rows * 2 * heads, label="deltanet.gates") if self.specs else None
         values = max((m.n_v_heads * m.d_v for m in self.specs.values()), default=0)
         self.o = storage(dev, 4 * max_rows * max(values, 1), label="deltanet.o") if self.specs else None
-        self.vram += (self.u.size + self.gates.size + self.o.size) if self.specs else 0
+        self.vram += (self.u.size + self.o.size) if self.specs else 0
 
     @staticmethod
     def tensors(plan) -> frozenset[str]:
@@ -244,7 +240,12 @@ def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
     qkv, z, beta, alpha = (lower.current(n) for n in (op.qkv, op.z, op.beta, op.alpha))
     y = lower.target(op.dst, op.qkv, op.z, op.beta, op.alpha)
     buf, consts = rs.buffers[op.layer], rs.consts[op.layer]
-    return [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
-            gates_dispatch(k, beta, alpha, consts, rs.gates, m.n_v_heads, lower.rows),
-            *rule_dispatches(k, rs.u, rs.gates, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
-                             lower.rows)]
+    K = m.n_v_heads * m.d_v
+    # the output projection reads the rounded copy the norm kernel writes (as attention's o projection)
+    xq = KQ.scratch(k, K, lower.rows) if KS.can_round_output(m.n_v_heads, m.d_v) and lower._feeds_gemv_q8(op.dst, K) else None
+    ds = [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
+          *rule_dispatches(k, rs.u, beta, alpha, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
+                           lower.rows, xq)]
+    if xq is not None:
+        lower.q8 = (y, K, xq)
+    return ds

@@ -41,7 +41,7 @@ def test_batched_equals_alone_and_the_cpu_reference(gpu, tiny_path):  # noqa: F8
 def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F811
     model = Model(tiny_path, n_ctx=128, backend="gpu", parallel=3)
     calls, real = [], model.backend.decode_steps
-    monkeypatch.setattr(model.backend, "decode_steps", lambda batch, k: calls.append(k) or real(batch, k))
+    monkeypatch.setattr(model.backend, "decode_steps", lambda batch, k, **kw: calls.append(k) or real(batch, k, **kw))
     multi = _run(model, PROMPTS[:3], cache_prompt=False)
     assert calls and max(calls) > 1  # greedy decode ran several steps per call
     calls.clear()
@@ -49,11 +49,20 @@ def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F
     assert _run(model, PROMPTS[:3], cache_prompt=False) == multi and not calls
 
 
-def test_arrival_during_multi_step_decode(gpu, tiny_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def tiny_qwen35_path(tmp_path_factory):
+    spec = synth.preset("tiny-qwen35", tokenizer="gpt2", weight_type="F32")
+    return synth.write_gguf(spec, tmp_path_factory.mktemp("engine") / "tiny-qwen35.gguf")
+
+
+@pytest.mark.parametrize("path", ["tiny_path", "tiny_qwen35_path"])
+def test_arrival_during_multi_step_decode(gpu, path, request):  # noqa: F811
     """A request that arrives while the engine is in a long multi-step call is taken at the next
-    few steps (the call ends early, tokens handed out as they came back), and every output
-    equals its request run alone."""
-    model = Model(tiny_path, n_ctx=128, backend="gpu", parallel=3)
+    few steps (the call starts no more steps and hands out those in flight), and every output
+    equals its request run alone: also on a recurrent model (qwen35), whose state took every
+    step that ran."""
+    model = Model(request.getfixturevalue(path), n_ctx=128, backend="gpu", parallel=3)
+    assert model.backend.multi_step > 1
     n = 40
 
     def alone(p):

@@ -25,6 +25,7 @@ from infr.errors import InfrError
 from infr.gguf_file import open_gguf
 from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_q8 as KQ
 from infr.gpu.backend import GPUBackend
 from infr.gpu.runtime import read, run, storage
 from infr.models import build_spec
@@ -80,11 +81,10 @@ class _Mixer:
         self.conv = storage(gpu, self.conv_w)
         self.consts = storage(gpu, np.concatenate([self.dt_bias, self.a, self.norm]))
         self.u = storage(gpu, 4 * T_max * m.conv_dim)
-        self.gates = storage(gpu, 4 * T_max * 2 * H)
         self.o = storage(gpu, 4 * T_max * H * m.d_v)
         self.store = RecurrentStore({0: m})
 
-    def step(self, pos, slots):
+    def step(self, pos, slots, rounded: bool = False):
         m, gpu, k, rng = self.m, self.gpu, self.k, self.rng
         T, H = len(pos), m.n_v_heads
         qkv = rng.standard_normal((T, m.conv_dim)).astype(F32)
@@ -93,10 +93,16 @@ class _Mixer:
         pg = KS.Paging(storage(gpu, KS.pack_state(int(pos[0]), T)), storage(gpu, KS.pack_rows(pos, slots)),
                        storage(gpu, np.zeros(4, np.uint32)))
         dst = storage(gpu, np.full(T * H * m.d_v, np.nan, F32))
+        K = H * m.d_v
+        xq = storage(gpu, 4 * T * KQ.words(K)) if rounded else None
         run(gpu, [KDN.conv_dispatch(k, storage(gpu, qkv), self.conv, pg.state, pg.rows, self.rstate, self.u, m),
-                  KDN.gates_dispatch(k, storage(gpu, beta), storage(gpu, alpha), self.consts, self.gates, H, T),
-                  *KDN.rule_dispatches(k, self.u, self.gates, storage(gpu, z), self.consts, pg.state, pg.rows,
-                                       self.rstate, self.o, dst, m, self.eps, self.max_seqs, T)])
+                  *KDN.rule_dispatches(k, self.u, storage(gpu, beta), storage(gpu, alpha), storage(gpu, z),
+                                       self.consts, pg.state, pg.rows, self.rstate, self.o, dst, m, self.eps,
+                                       self.max_seqs, T, xq)])
+        if rounded:  # the norm kernel's rounded copy is quantize_q8's of its output, word for word
+            d, want_q = KQ.quantize_dispatch(k, dst, K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+            run(gpu, [d])
+            np.testing.assert_array_equal(read(gpu, xq, np.uint32), read(gpu, want_q, np.uint32))
         want = deltanet_forward(m, qkv, z, beta, alpha, np.asarray(pos), np.asarray(slots), self.store, 0,
                                 self.conv_w, self.dt_bias, self.a, self.norm, self.eps)
         return read(gpu, dst, F32, T * H * m.d_v).reshape(T, -1), want
@@ -134,7 +140,7 @@ def test_deltanet_kernels_equal_the_reference(gpu, kernels, m):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
     # they go on from where they stand (decode rows, a short chunk), slot 1 starts, slot 4 starts over
     pos, slots = _interleave([(0, 9, 1), (3, 70, 3), (1, 0, 4), (4, 0, 2)])
-    got, want = mix.step(pos, slots)
+    got, want = mix.step(pos, slots, rounded=KS.can_round_output(m.n_v_heads, m.d_v))
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
     for s, at in ((0, 10), (1, 4), (3, 73), (4, 2)):  # the states read back: the reference's
         conv, S = mix.states(s)
@@ -160,7 +166,7 @@ def _pair(path, n_ctx=256):
 @pytest.mark.parametrize("weights", ["F32", "Q8_0"])
 def test_tiny_qwen35_follows_the_cpu_reference(gpu, files, weights):
     g, c = _pair(files[weights])
-    assert g.plan.recurrent and g.multi_step == 1  # the engine steps a recurrent model one step a call
+    assert g.plan.recurrent and g.multi_step > 1  # the engine's multi-step decode runs recurrent models too
     prompt = np.random.default_rng(0).integers(0, TINY.n_vocab, 90).tolist()  # > 64 rows in one batch
     q8 = weights != "F32"
     assert_logits_close(g.forward(prompt, 0, n_logits=64), c.forward(prompt, 0, n_logits=64), q8)
@@ -169,6 +175,20 @@ def test_tiny_qwen35_follows_the_cpu_reference(gpu, files, weights):
         assert_logits_close(g.forward([t], 90 + i), c.forward([t], 90 + i), q8)
     # greedy decode (decode_steps: tokens and the state kept on the GPU for every step)
     assert_gpu_follows_cpu(g, c, prompt, 8)
+
+
+def test_the_norm_writes_the_rounded_copy_the_output_projection_reads(gpu, tmp_path):
+    """With 4 V-heads of 64 (256 values a row) the DeltaNet's norm kernel also writes its output
+    rounded for ssm_out's int8 GEMV: no quantize dispatch in between, and the model still follows
+    the CPU reference."""
+    spec = replace(TINY, ssm_state=64, weight_type="Q8_0", name="tiny-qwen35-d64")
+    g, c = _pair(synth.write_gguf(spec, tmp_path / "q35-d64.gguf"))
+    labels = [d.label.split()[0] for d in g._multi_step(1, False).dispatches]
+    after = [labels[i + 1] for i, lb in enumerate(labels) if lb == "deltanet_norm"]
+    assert after and all(lb.startswith("gemv_q8_0") for lb in after), after
+    prompt = np.random.default_rng(5).integers(0, TINY.n_vocab, 40).tolist()
+    assert_logits_close(g.forward(prompt, 0, n_logits=8), c.forward(prompt, 0, n_logits=8), True)
+    assert_gpu_follows_cpu(g, c, prompt, 6)
 
 
 def test_batched_equals_alone_and_the_cpu_reference(gpu, files):
