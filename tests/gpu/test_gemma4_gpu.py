@@ -77,6 +77,15 @@ def test_mul_scales_in_place(gpu, kernels, width, scale):
     np.testing.assert_array_equal(_read(gpu, xb, x.shape), (x * np.float32(scale)) * w)
 
 
+def test_add_scaled(gpu, kernels):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 7, 33)).astype(np.float32)
+    half = np.float32(1.0) / np.sqrt(np.float32(2.0))
+    y = storage(gpu, a.nbytes)
+    run(gpu, [KG4.add_scaled_dispatch(kernels, _buf(gpu, a), _buf(gpu, b), y, a.size, float(half))])
+    np.testing.assert_array_equal(_read(gpu, y, a.shape), (a + b) * half)
+
+
 def test_expert_scale_multiplies_each_pair_by_its_experts_factor(gpu, kernels):
     A, D, E = 6, 20, 5
     rng = np.random.default_rng(2)
