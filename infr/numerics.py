@@ -120,3 +120,20 @@ def sampler_constants(p, n: int) -> SamplerConstants:
         inv_temp=np.float32(1.0 / p.temperature) if p.temperature > 0 else np.float32(0.0),
         rep_inv=np.float32(1.0 / p.repeat_penalty),
     )
+
+
+_GELU_TABLE: list[np.ndarray] = []
+
+
+def gelu_f16_table() -> np.ndarray:
+    """llama.cpp's CPU GELU table (GGML_GELU_FP16), both backends' Activation.GELU_F16: for every
+    float16 bit pattern h, f16(gelu(h)) with gelu computed in float32 as ggml_gelu_f32 arranges it,
+    0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))). The GPU reads it from a buffer, so both agree
+    bit for bit whatever the device's tanh."""
+    if not _GELU_TABLE:
+        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+        _GELU_TABLE.append(y.astype(np.float16).astype(np.float32))
+    return _GELU_TABLE[0]

@@ -199,6 +199,10 @@ class PerLayerInputs:
     n_embd: int
     eps: float
 
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return (self.norm,)
+
 
 @dataclass(frozen=True)
 class PLEGate:

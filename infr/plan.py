@@ -124,19 +124,10 @@ class Plan:
     def cpu_only(self) -> tuple[str, ...]:
         """What in this plan has no GPU kernels yet (empty: the GPU backend can run it). Every op
         has them now (llama4's weightless q/k norm, query temperature and chunked attention, qwen35's
-        gated attention and DeltaNet mixer included); an op added to the CPU reference first is
+        gated attention and DeltaNet mixer, gemma4's per-layer inputs, table GELU, scaled values,
+        expert scales and KV-shared layers included); an op added to the CPU reference first is
         named here until it does."""
-        first = {PerLayerInputs: "per-layer embeddings", PLEGate: "per-layer embeddings", Mul: "scaled values"}
-        out: list[str] = []
-        for op in self.ops:
-            whats = [first.get(type(op))]
-            act = op.act if isinstance(op, (GatedAct, PLEGate)) else op.spec.activation if isinstance(op, MoE) else None
-            if act is Activation.GELU_F16:
-                whats.append("the fp16-table GELU")
-            out += [w for w in whats if w and w not in out]
-        if any(la.kv_from is not None for la in self.spec.layers):
-            out.append("KV-shared layers")  # attention reading another layer's cache
-        return tuple(out)
+        return ()
 
     @cached_property
     def groups(self) -> tuple[fusion.Group, ...]:

@@ -56,7 +56,7 @@ def test_dense_spec_and_plan(paths):
     v_norms = [op for op in plan.layers if isinstance(op, RMSNorm) and op.dst == "v"]
     assert all(op.weight is None and op.group == op_d for op, op_d in zip(v_norms, (16, 16, 32, 16, 16, 32)))
     assert [op.src for op in v_norms] == ["v", "v", "k", "v", "v", "k"]  # the raw K projection where no attn_v
-    assert set(plan.cpu_only) == {"the fp16-table GELU", "scaled values"}
+    assert plan.cpu_only == ()  # the GPU runs it too (tests/gpu/test_gemma4_gpu.py)
 
 
 def test_e2b_kv_shared_layers_keep_no_cache_and_read_their_source(paths):
@@ -74,7 +74,7 @@ def test_e2b_kv_shared_layers_keep_no_cache_and_read_their_source(paths):
     assert stores == [0, 1, 2] and reads == [0, 1, 2, 1, 1, 2]
     assert not any(w.startswith(("blk.3.attn_k", "blk.4.attn_v", "blk.5.attn_k")) for w in plan.weights())
     assert isinstance(plan.embed[-1], PerLayerInputs)
-    assert set(plan.cpu_only) == {"per-layer embeddings", "KV-shared layers", "the fp16-table GELU", "scaled values"}
+    assert plan.cpu_only == ()
     be = CPUBackend(gf, plan, 64)
     assert sorted(be.k_cache) == [0, 1, 2]  # no cache at all for layers 3..5
 
@@ -191,13 +191,17 @@ def test_batched_equals_alone_through_the_engine(paths, name):
     assert run(prompts) == alone  # again with the prefix cache on: the same tokens
 
 
-def test_gpu_backend_refuses_the_plan_with_a_clear_error(paths):
+def test_gpu_backend_takes_the_plan_and_would_name_what_it_cannot_run(paths, monkeypatch):
     from infr.errors import UnsupportedError
     from infr.gpu.lowering import find_stacks
+    from infr.plan import Plan
 
     gf = open_gguf(paths("tiny-gemma4-e2b"))
-    with pytest.raises(UnsupportedError, match="gemma4: per-layer embeddings, .*KV-shared layers have no GPU kernels yet"):
-        find_stacks(build_plan(build_spec(gf)), gf, 1 << 30)
+    plan = build_plan(build_spec(gf))
+    find_stacks(plan, gf, 1 << 30)  # every op has GPU kernels (tests/gpu/test_gemma4_gpu.py)
+    monkeypatch.setattr(Plan, "cpu_only", property(lambda self: ("per-layer embeddings", "KV-shared layers")))
+    with pytest.raises(UnsupportedError, match="gemma4: per-layer embeddings, KV-shared layers have no GPU kernels yet"):
+        find_stacks(plan, gf, 1 << 30)
 
 
 def test_real_shape_presets_in_the_q4_k_m_mix():

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from infr.numerics import Q8_ACTIVATIONS, matmul_input, quantize_q8  # noqa: F401 (the rules live there)
+from infr.numerics import Q8_ACTIVATIONS, gelu_f16_table, matmul_input, quantize_q8  # noqa: F401 (the rules live there)
 from infr.models.spec import Activation, RopeSpec, RopeStyle
 
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -81,26 +81,11 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + np.float32(0.044715) * x * x * x)))
 
 
-_GELU_TABLE: list[np.ndarray] = []
-
-
-def _gelu_table() -> np.ndarray:
-    """llama.cpp's CPU GELU table: for every float16 bit pattern h, f16(gelu(h)) with gelu computed in
-    float32 as ggml_gelu_f32 arranges it, 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))."""
-    if not _GELU_TABLE:
-        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-        with np.errstate(invalid="ignore", over="ignore"):
-            y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
-                GELU_C * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
-        _GELU_TABLE.append(y.astype(np.float16).astype(np.float32))
-    return _GELU_TABLE[0]
-
-
 def gelu_f16(x: np.ndarray) -> np.ndarray:
     """GELU as llama.cpp's CPU backend computes it (GGML_GELU_FP16): the table at f16(x) for
     -10 < x < 10, 0 at or below -10, x at or above 10."""
     x = np.asarray(x, np.float32)
-    y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
+    y = gelu_f16_table()[x.astype(np.float16).view(np.uint16)]
     y = np.where(x <= -10.0, np.float32(0.0), y)
     return np.where(x >= 10.0, x, y).astype(np.float32, copy=False)
 

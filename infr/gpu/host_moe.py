@@ -55,13 +55,14 @@ class HostMoE:
         self.banks = [banks[name] for name in op.banks]
         self.q8 = op.q8 if op.q8 is not None else (False,) * len(op.banks)
         self.rounding = be.plan.q8_rounding
+        self.scales = np.asarray(be.gf.tensor(op.scales).raw, np.float32) if op.scales else None  # gemma4's
 
     def run(self, dev, n: int) -> None:
         """The experts for the first n rows (the live ones; the GPU's writes before it are submitted)."""
         q, E = dev.device.queue, self.op.spec.n_expert
         h = np.frombuffer(q.read_buffer(self.src, 0, n * self.width * 4), np.float32).reshape(n, self.width)
         logits = np.frombuffer(q.read_buffer(self.logits, 0, n * E * 4), np.float32).reshape(n, E)
-        out = moe_forward(h, logits, self.op.spec, self.banks, self.q8, self.rounding)
+        out = moe_forward(h, logits, self.op.spec, self.banks, self.q8, self.rounding, self.scales)
         q.write_buffer(self.dst, 0, np.ascontiguousarray(out, np.float32))
 
 

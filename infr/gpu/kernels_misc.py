@@ -241,6 +241,10 @@ def q8_out_consts(xq, n_heads: int, v_head_dim: int, binding: int) -> dict:
 
 def gated_dispatch(kernels: Kernels, g, u, y, n: int, act: str, params=None) -> Dispatch:
     act = getattr(act, "value", act)  # Activation or its string
+    if act == "gelu_f16":  # gemma4's table GELU: a kernel that also binds the table
+        from infr.gpu.kernels_gemma4 import gated_gelu_f16_dispatch
+
+        return gated_gelu_f16_dispatch(kernels, g, u, y, n)
     if act not in ("silu", "gelu"):
         raise ValueError(f"unknown activation {act!r}")
     pipe = kernels.pipeline("elementwise", f"gated_{act}")

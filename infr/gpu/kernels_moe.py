@@ -24,12 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from infr.errors import UnsupportedError
+from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
-from infr.models.spec import Gating, MoESpec
+from infr.models.spec import Activation, Gating, MoESpec
 from infr.ops import MoE, SigmoidGate
 
 ROUTE_MAX_E, ROUTE_MAX_K = 1024, 64  # moe_route.wgsl's MAX_E and its `picked` array
@@ -219,13 +220,19 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
 def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
     """Whether this batch runs the experts as grouped GEMMs: a batch the dense matmuls would take
     the int8 GEMM for, banks the kernel reads (one gate/up type), the gate||up pair possible."""
-    if op.q8 is None or not all(op.q8) or not all(KMQ.applies(t) for t in tensors):
+    if op.q8 is None or not all(op.q8) or not all(KMQ.applies(t) for t in tensors) or _table_act(op.spec) \
+            or op.scales:  # (the grouped path has no expert scales)
         return False
     if not KMQ.use_mmq(T, kernels.dev):
         return False
     if op.spec.fused_gate_up:
         return True
     return KM.as_qtype(tensors[0].qtype) == KM.as_qtype(tensors[1].qtype) and _same_ranges(chunks[0], chunks[1])
+
+
+def _table_act(m: MoESpec) -> bool:
+    """gemma4's table GELU: no fused gate||up kernel computes it (kernels_gemma4 runs it alone)."""
+    return m.activation is Activation.GELU_F16
 
 
 def _same_ranges(a, b) -> bool:
@@ -283,7 +290,8 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
         return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks)
     qg, qu = up[0].qtype, up[-1].qtype
-    if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
+    if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])) \
+            and not _table_act(m):
         ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
                           A, ids, x_div, fused)
     else:
@@ -303,6 +311,8 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
+    if op.scales:  # gemma4: each pair's output times its expert's scale, before the router's weight
+        ds.append(KG4.expert_scale_dispatch(k, ys, be.weights[op.scales][0], ids, n_in, A))
     y = lower.target(op.dst, op.src)
     ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
     return ds

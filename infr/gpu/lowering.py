@@ -16,6 +16,7 @@ from infr.gguf_file import GGUFFile
 from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_deltanet as KDN
+from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mmq as KMQ
@@ -23,9 +24,9 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.models.spec import RopeSpec, RopeStyle
-from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, QueryTemp, RMSNorm, Rope,
-                      SigmoidGate, SigmoidMul, Softcap, StoreKV)
+from infr.models.spec import Activation, RopeSpec, RopeStyle
+from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, PerLayerInputs, PLEGate,
+                      QueryTemp, RMSNorm, Rope, SigmoidGate, SigmoidMul, Softcap, StoreKV)
 from infr.plan import Plan
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class Lowering:
 
     def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
         be = self.be
+        if act.act is Activation.GELU_F16:
+            return None  # the fused kernels compute their activation; the table GELU runs on its own
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
@@ -241,6 +244,12 @@ class Lowering:
             return KDN.lower_sigmoid_mul(self, op)
         if isinstance(op, DeltaNet):
             return KDN.deltanet_dispatches(self, op)
+        if isinstance(op, Mul):
+            return KG4.lower_mul(self, op)
+        if isinstance(op, PerLayerInputs):
+            return KG4.lower_per_layer_inputs(self, op)
+        if isinstance(op, PLEGate):
+            return KG4.lower_ple_gate(self, op)
         raise NotImplementedError(type(op).__name__)
 
 

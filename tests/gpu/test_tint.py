@@ -103,10 +103,10 @@ def test_engine_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     assert not errors, errors
 
 
-def _run_tiny(tmp_path, preset: str) -> None:
-    """A tiny Q8_0 model of the preset through the engine on the GPU: a 29-token and a 4-token prompt
-    batched, three greedy tokens each (prompt, decode and batched graphs)."""
-    path = synth.write_gguf(synth.preset(preset, weight_type="Q8_0"), tmp_path / f"{preset}.gguf")
+def _run_tiny(tmp_path, preset: str, weight_type: str = "Q8_0") -> None:
+    """A tiny model of the preset (Q8_0 by default) through the engine on the GPU: a 29-token and a
+    4-token prompt batched, three greedy tokens each (prompt, decode and batched graphs)."""
+    path = synth.write_gguf(synth.preset(preset, weight_type=weight_type), tmp_path / f"{preset}-{weight_type}.gguf")
     model = Model(path, n_ctx=64, backend="gpu", parallel=2)
     reqs = [model.engine.submit(Request(list(range(1, n)), SamplingParams(temperature=0.0), max_new=3,
                                         ignore_eos=True)) for n in (30, 5)]
@@ -149,6 +149,18 @@ def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     names = {k[0] for k in asked}
     assert {"deltanet_conv", "deltanet_rule", "deltanet_norm", "gated_attn", "rope_kv"} <= names, names
     assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_gemma4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F811
+    """Tiny gemma4s (the table GELU, scaled values, per-layer inputs, KV-shared layers; the experts'
+    scales, whose Q8_0 banks of 32-value rows the GPU refuses, so in F32) through the engine."""
+    asked = _record_pipelines(monkeypatch)
+    _run_tiny(tmp_path, "tiny-gemma4-e2b")
+    _run_tiny(tmp_path, "tiny-gemma4-moe", "F32")
+    entries = {k[1] for k in asked if k[0] == "gemma4"}
+    assert entries == {"gated_gelu_f16", "mul", "add_scaled", "expert_scale"}, entries
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
