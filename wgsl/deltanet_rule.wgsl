@@ -11,7 +11,9 @@
 //   o = S^T q / sqrt(d_k), into o (the gated RMSNorm over a head's columns is deltanet_norm.wgsl).
 // The gates come from the row's beta and alpha here (no dispatch of their own):
 //   beta' = sigmoid(beta), g = softplus(alpha + dt_bias) * a (<= 0: a = -exp(A_log)).
-// Invocation tid holds column b * WC + tid % WC (b = the workgroup's block) and rows
+// Prompt batches (PRE) take q and k normalised by deltanet_qknorm.wgsl, a parallel pass over
+// every row, so a row costs two barriers here instead of a dozen (decode keeps the sums here:
+// one dispatch fewer). Invocation tid holds column b * WC + tid % WC (b = the workgroup's block) and rows
 // (tid / WC) * NI .. + NI. Dispatch (NB * H_v, max_seqs, 1).
 
 struct Params {
@@ -30,6 +32,7 @@ const R: u32 = {{R}}u;  // invocations a column; R divides DK
 const NI: u32 = DK / R;  // rows of S an invocation
 const WG: u32 = WC * R;
 const NB: u32 = (DK + WC - 1u) / WC;  // workgroups a head
+const PRE: bool = {{PRE}};  // q and k come normalised (deltanet_qknorm.wgsl: prompt batches)
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> u: array<f32>;  // [T, conv_dim]
@@ -101,32 +104,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let decay = exp(sp * a);
         let v = u[row + 2u * k_off + h * DK + j];
-        var acc = vec2<f32>(0.0);
-        for (var i = tid; i < DK; i += WG) {
-            let qv = u[row + kh * DK + i];
-            let kv = u[row + k_off + kh * DK + i];
-            qs[i] = qv;
-            ks[i] = kv;
-            acc += vec2<f32>(qv * qv, kv * kv);
-        }
-        red[tid] = acc;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (tid < s) {
-                red[tid] += red[tid + s];
+        var kr: array<f32, NI>;  // this invocation's rows of the normalised k and q
+        var qr: array<f32, NI>;
+        if (PRE) {  // deltanet_qknorm normalised them in u: no reduction, no barrier
+            for (var i = 0u; i < NI; i++) {
+                kr[i] = u[row + k_off + kh * DK + i0 + i];
+                qr[i] = u[row + kh * DK + i0 + i];
+            }
+        } else {  // q and k into workgroup memory, with their sums of squares
+            var acc = vec2<f32>(0.0);
+            for (var i = tid; i < DK; i += WG) {
+                let qv = u[row + kh * DK + i];
+                let kv = u[row + k_off + kh * DK + i];
+                qs[i] = qv;
+                ks[i] = kv;
+                acc += vec2<f32>(qv * qv, kv * kv);
+            }
+            red[tid] = acc;
+            workgroupBarrier();
+            for (var s = WG / 2u; s > 0u; s >>= 1u) {
+                if (tid < s) {
+                    red[tid] += red[tid + s];
+                }
+                workgroupBarrier();
+            }
+            let norms = sqrt(red[0] + vec2<f32>(params.eps));
+            for (var i = tid; i < DK; i += WG) {
+                qs[i] = qs[i] / norms.x;
+                ks[i] = ks[i] / norms.y;
             }
             workgroupBarrier();
+            for (var i = 0u; i < NI; i++) {
+                kr[i] = ks[i0 + i];
+                qr[i] = qs[i0 + i];
+            }
         }
-        let norms = sqrt(red[0] + vec2<f32>(params.eps));
-        for (var i = tid; i < DK; i += WG) {
-            qs[i] = qs[i] / norms.x;
-            ks[i] = ks[i] / norms.y;
-        }
-        workgroupBarrier();
         var kS = 0.0;
         for (var i = 0u; i < NI; i++) {
             S[i] *= decay;
-            kS += S[i] * ks[i0 + i];
+            kS += S[i] * kr[i];
         }
         part_k[tid] = kS;
         workgroupBarrier();
@@ -137,11 +153,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let delta = b * (v - kS);
         var ov = 0.0;
         for (var i = 0u; i < NI; i++) {
-            S[i] += ks[i0 + i] * delta;
-            ov += S[i] * qs[i0 + i];
+            S[i] += kr[i] * delta;
+            ov += S[i] * qr[i];
         }
         part_o[tid] = ov;
-        workgroupBarrier();  // also: every read of qs, ks and red[0] is done before the next row
+        workgroupBarrier();  // also: every read of qs, ks, red[0] and part_k is done before the next row
         if (r == 0u && on) {
             ov = 0.0;
             for (var q = 0u; q < R; q++) {

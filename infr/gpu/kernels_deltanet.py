@@ -2,7 +2,8 @@
 state, and the gated attention's two elementwise ops (HeadSlice, SigmoidMul). CPU reference:
 infr/cpu/deltanet.py and infr/cpu/kinds.py.
 
-The DeltaNet op is three dispatches, the first two token-serial over the batch's live rows (a
+The DeltaNet op is three dispatches (four for prompt batches: wgsl/deltanet_qknorm.wgsl first
+normalises q and k of every row in parallel), the first two token-serial over the batch's live rows (a
 slot's rows in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.wgsl (the causal
 conv with its state, silu; a thread per channel), wgsl/deltanet_rule.wgsl (the gates beta' and g,
 then the delta rule with S in registers; a V-head's columns split over workgroups per slot) and
@@ -28,6 +29,7 @@ from infr.models.spec import DeltaNetSpec
 from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
+PRE_ROWS = 16  # batches of this many rows normalise q and k in a pass of their own (rule_dispatches)
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
 
 
@@ -94,14 +96,27 @@ def rule_layout(d_k: int) -> dict[str, int]:
     return {"DK": d_k, "WC": min(_pow2(d_k), 32), "R": R}
 
 
+def qknorm_dispatch(kernels: Kernels, u, live, m: DeltaNetSpec, eps: float, T: int) -> Dispatch:
+    """q and k of u [T, conv_dim] L2-normalised in place, per row and K-head (prompt batches)."""
+    lay = rule_layout(m.d_k)
+    pipe = kernels.pipeline("deltanet_qknorm", "main", DK=m.d_k, WG=lay["WC"] * lay["R"])  # the rule's sum order
+    p = KS._params(kernels, KS._pack([("h_k", "u32", m.n_k_heads), ("conv_dim", "u32", m.conv_dim),
+                                      ("eps", "f32", eps)]), None, "deltanet_qknorm")
+    return Dispatch(pipe, kernels.bind(pipe, [p, live, u]), (2 * m.n_k_heads, T, 1), f"deltanet_qknorm {m.n_k_heads}x{m.d_k}")
+
+
 def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
-                    eps: float, n_slots: int, T: int, xq=None) -> list[Dispatch]:
+                    eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None) -> list[Dispatch]:
     """dst [T, H_v * d_v] = the delta rule's output of each live row (into o, scratch of that size),
     then gated-RMSNormed times silu(z); with xq (KQ.scratch) dst also rounded to 8 bits there, for
-    the output projection's int8 GEMV (KS.can_round_output)."""
+    the output projection's int8 GEMV (KS.can_round_output). `pre` (default: T >= PRE_ROWS): q and k
+    normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen."""
     check_spec(m)
+    if T > 65535:
+        raise UnsupportedError(f"the DeltaNet kernels take at most 65535 rows a pass, not {T}")
+    pre = T >= PRE_ROWS if pre is None else pre
     lay = rule_layout(m.d_k)
-    pipe = kernels.pipeline("deltanet_rule", "main", **lay)
+    pipe = kernels.pipeline("deltanet_rule", "main", PRE="true" if pre else "false", **lay)
     data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
                      ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
                      ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
@@ -109,14 +124,12 @@ def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rst
     nb = -(-m.d_k // lay["WC"])
     rule = Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
                     (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
-    if T > 65535:
-        raise UnsupportedError(f"deltanet_norm takes at most 65535 rows a pass, not {T}")
     npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, **KS.q8_out_consts(xq, m.n_v_heads, m.d_v, 6))
     pn = KS._params(kernels, KS._pack([("h_v", "u32", m.n_v_heads), ("eps", "f32", eps)]), None, "deltanet_norm")
     norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst] + ([xq] if xq is not None else [])),
                     (m.n_v_heads, T, 1),
                     f"deltanet_norm {m.n_v_heads}x{m.d_k}")
-    return [rule, norm]
+    return ([qknorm_dispatch(kernels, u, live, m, eps, T)] if pre else []) + [rule, norm]
 
 
 class RecurrentStates:

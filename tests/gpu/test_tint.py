@@ -147,7 +147,7 @@ def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     asked = _record_pipelines(monkeypatch)
     _run_tiny(tmp_path, "tiny-qwen35")
     names = {k[0] for k in asked}
-    assert {"deltanet_conv", "deltanet_rule", "deltanet_norm", "gated_attn", "rope_kv"} <= names, names
+    assert {"deltanet_conv", "deltanet_qknorm", "deltanet_rule", "deltanet_norm", "gated_attn", "rope_kv"} <= names, names
     assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
