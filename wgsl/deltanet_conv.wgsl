@@ -17,6 +17,8 @@ struct Params {
 }
 
 const WG: u32 = 64u;
+const K: u32 = {{K}}u;  // d_conv: the taps in registers
+const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -26,38 +28,58 @@ const WG: u32 = 64u;
 @group(0) @binding(5) var<storage, read_write> rstate: array<f32>;
 @group(0) @binding(6) var<storage, read_write> u: array<f32>;  // [T, conv_dim]
 
+// The conv state is kept in registers while rows of one slot follow each other (a prompt chunk:
+// all of them), read from rstate when the slot changes and written back when it leaves: a row
+// then costs no round trip through memory, which made a 512-row prompt latency-bound.
 @compute @workgroup_size(WG)
 fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let C = params.conv_dim;
-    let K = params.d_conv;
     if (c >= C) {
         return;
     }
+    var wc: array<f32, K>;
+    for (var j = 0u; j < K; j++) {
+        wc[j] = w[c * K + j];
+    }
+    var st: array<f32, K>;  // the current slot's last K - 1 inputs, oldest first
+    var cur = NONE;
     let n = live[1];
     for (var t = 0u; t < n; t++) {
         let p = rows[2u * t];
-        let base = rows[2u * t + 1u] * params.slot_stride + c;
+        let slot = rows[2u * t + 1u];
         let x = qkv[t * C + c];
-        var acc = 0.0;
-        for (var j = 0u; j + 1u < K; j++) {  // the state's taps, oldest first (zeros at position 0)
-            var s = 0.0;
-            if (p != 0u) {
-                s = rstate[base + j * C];
+        if (slot != cur) {
+            if (cur != NONE) {
+                for (var j = 0u; j + 1u < K; j++) {
+                    rstate[cur * params.slot_stride + c + j * C] = st[j];
+                }
             }
-            acc += s * w[c * K + j];
+            cur = slot;
+            for (var j = 0u; j + 1u < K; j++) {  // zeros at position 0
+                st[j] = select(0.0, rstate[slot * params.slot_stride + c + j * C], p != 0u);
+            }
+        } else if (p == 0u) {
+            for (var j = 0u; j + 1u < K; j++) {
+                st[j] = 0.0;
+            }
         }
-        acc += x * w[c * K + K - 1u];
+        var acc = 0.0;
+        for (var j = 0u; j + 1u < K; j++) {
+            acc += st[j] * wc[j];
+        }
+        acc += x * wc[K - 1u];
         for (var j = 0u; j + 2u < K; j++) {
-            var s = 0.0;
-            if (p != 0u) {
-                s = rstate[base + (j + 1u) * C];
-            }
-            rstate[base + j * C] = s;
+            st[j] = st[j + 1u];
         }
         if (K > 1u) {
-            rstate[base + (K - 2u) * C] = x;
+            st[max(K, 2u) - 2u] = x;
         }
         u[t * C + c] = acc / (1.0 + exp(-acc));
+    }
+    if (cur != NONE) {
+        for (var j = 0u; j + 1u < K; j++) {
+            rstate[cur * params.slot_stride + c + j * C] = st[j];
+        }
     }
 }

@@ -82,7 +82,7 @@ def check_spec(m: DeltaNetSpec) -> None:
 
 def conv_dispatch(kernels: Kernels, qkv, w, live, rows, rstate, u, m: DeltaNetSpec) -> Dispatch:
     """u [T, conv_dim] = silu(the causal conv of each live row through its slot's conv state)."""
-    pipe = kernels.pipeline("deltanet_conv", "conv")
+    pipe = kernels.pipeline("deltanet_conv", "conv", K=m.d_conv)
     p = KS._params(kernels, KS._pack([("conv_dim", "u32", m.conv_dim), ("d_conv", "u32", m.d_conv),
                                       ("slot_stride", "u32", m.state_floats)]), None, "deltanet_conv")
     return Dispatch(pipe, kernels.bind(pipe, [p, qkv, w, live, rows, rstate, u]), (-(-m.conv_dim // CONV_WG), 1, 1),
