@@ -4,9 +4,10 @@
 // divided by max(their sum, 6.103515625e-5) when NORM, times `scale` when SCALE. Written as
 // ids[t * n_used + s] and wts[t * n_used + s] for the expert kernels: nothing goes to the host.
 //
-// One workgroup per row: the row's max and sum are tree reductions, and each of the n_used
-// picks is an arg-max reduction over the experts not yet taken. (One invocation per row made a
-// decode step's route a serial n_used x n_expert scan: 464 µs a layer on an H100 for 128x8.)
+// One workgroup per row: the row's max and sum are tree reductions, then every invocation ranks
+// its experts against the row's scores in shared memory; the n_used of rank < n_used are the
+// picks. (One invocation per row made a decode step's route a serial n_used x n_expert scan: 464
+// µs a layer on an H100 for 128x8; n_used arg-max reductions after it, 30 µs.)
 // dispatch (T, 1, 1); E <= MAX_E (the host checks).
 
 struct Params {
@@ -30,9 +31,7 @@ const MAX_E: u32 = 1024u;
 @group(0) @binding(3) var<storage, read_write> wts: array<f32>;
 
 var<workgroup> score: array<f32, MAX_E>;
-var<workgroup> taken: array<u32, MAX_E>;
 var<workgroup> red_f: array<f32, WG>;
-var<workgroup> red_i: array<u32, WG>;
 var<workgroup> picked: array<f32, 64>;  // the chosen weights, before NORM / SCALE (K <= 64)
 
 // Softmax as ggml: exp(l - max) times the reciprocal of the row's sum.
@@ -84,43 +83,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let on_logits = (params.flags & ON_LOGITS) != 0u;
     for (var e = tid; e < E; e += WG) {
         let l = logits[row + e];
-        score[e] = select(prob(l, mx, inv), l, on_logits);
-        taken[e] = 0u;
+        let v = select(prob(l, mx, inv), l, on_logits);
+        score[e] = select(v, -3e38, v != v);  // NaN (a diverged row) ranks last, so the order stays total
     }
     workgroupBarrier();
 
+    // Each expert's rank in the selection order (score descending, ties to the lower expert) is
+    // the number of experts before it; ranks 0 .. K - 1 are the picks, in order. A strict total
+    // order gives distinct ranks, so every slot is written once, all in one pass: K arg-max
+    // reductions cost K x log2(WG) barriers, the bulk of a decode step's route.
     let out = t * params.K;
-    for (var k = 0u; k < params.K; k++) {
-        // This invocation's best untaken expert (scanned upwards, so ties keep the lower one).
-        var bs = 0.0;
-        var bi = 0xffffffffu;
-        for (var e = tid; e < E; e += WG) {
-            if (taken[e] == 0u && (bi == 0xffffffffu || score[e] > bs)) {
-                bs = score[e];
-                bi = e;
-            }
+    for (var e = tid; e < E; e += WG) {
+        let s = score[e];
+        var rank = 0u;
+        for (var j = 0u; j < E && rank < params.K; j++) {  // past K before it: not picked
+            rank += select(0u, 1u, before(score[j], j, s, e));
         }
-        red_f[tid] = bs;
-        red_i[tid] = bi;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s /= 2u) {
-            if (tid < s) {
-                let ob = red_i[tid + s];
-                if (ob != 0xffffffffu && (red_i[tid] == 0xffffffffu || before(red_f[tid + s], ob, red_f[tid], red_i[tid]))) {
-                    red_f[tid] = red_f[tid + s];
-                    red_i[tid] = ob;
-                }
-            }
-            workgroupBarrier();
+        if (rank < params.K) {
+            ids[out + rank] = e;
+            picked[rank] = prob(logits[row + e], mx, inv);
         }
-        if (tid == 0u) {
-            let best = red_i[0];
-            taken[best] = 1u;
-            ids[out + k] = best;
-            picked[k] = prob(logits[row + best], mx, inv);
-        }
-        workgroupBarrier();
     }
+    workgroupBarrier();
 
     if (tid == 0u) {
         var total = 0.0;

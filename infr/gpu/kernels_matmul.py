@@ -172,8 +172,59 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     return pipe, GEMV_TEAMS * (1 if pair else R), nt
 
 
+# Float types the float GEMV (wgsl/gemv_float.wgsl) runs: its dot of one 16-byte load, and the
+# vec4 of activations that load meets.
+FLOAT_GEMV = {Q.F32: ("wdot_f32", 1), Q.F16: ("wdot_f16", 2), Q.BF16: ("wdot_bf16", 2)}
+FLOAT_GEMV_WG = 256  # gemv_float.wgsl's workgroup
+FLOAT_GEMV_U = 4  # 16-byte loads a lane issues before it uses them
+# Workgroups a float GEMV dispatch aims for before it stops widening its teams: a small matrix
+# (the 1 MiB router) is latency-bound, so more lanes with fewer loads each finish it sooner.
+_FLOAT_GEMV_GROUPS = 256
+
+
+def has_float_gemv(qtype, x_stride: int) -> bool:
+    """Whether the float GEMV runs this type with activation rows `x_stride` floats apart (its x
+    is read in vec4, so the stride must keep every row 16-byte aligned)."""
+    return Q(int(qtype)) in FLOAT_GEMV and x_stride % 4 == 0
+
+
+def float_gemv_team(rows: int, rb: int, y_groups: int, max_groups: int) -> int:
+    """Lanes per row for a float GEMV over `rows` rows of `rb` bytes with `y_groups` token groups:
+    32, doubled (up to the workgroup) while the dispatch has fewer than _FLOAT_GEMV_GROUPS
+    workgroups and each lane keeps at least two loads; never more workgroups along x than a
+    dispatch dimension allows."""
+    nv, team = rb // 16, 32
+
+    def groups(t: int) -> int:
+        return -(-rows // (FLOAT_GEMV_WG // t))
+
+    while team < FLOAT_GEMV_WG and groups(team) * y_groups < _FLOAT_GEMV_GROUPS and nv >= 4 * team \
+            and groups(2 * team) <= max_groups:
+        team *= 2
+    return team
+
+
+def float_gemv_consts(qtype, team: int, nt: int, sg: int, expert: bool = False) -> dict:
+    """gemv_float.wgsl's constants: `team` lanes a row, `nt` tokens a workgroup, subgroup size `sg` (0: none)."""
+    wdot, xv = FLOAT_GEMV[as_qtype(qtype)]
+    return dict(TEAM=team, NT=nt, U=FLOAT_GEMV_U, SG=sg, SUBGROUP_ADD="subgroupAdd" if sg else "no_subgroups",
+                XV=xv, WDOT=wdot, EXPERT=expert_include(expert))
+
+
+def float_gemv_pipeline(kernels: Kernels, qtype, rows: int, K: int, T: int = 1, expert: bool = False):
+    """The float GEMV over `rows` rows of K values (a weight chunk, or one expert's) for batches of T
+    (expert: T pairs, one a workgroup), with GemvTuning's SG, NT and UNCHECKED; its rows and tokens
+    per workgroup."""
+    t = GemvTuning.for_device(kernels.dev)
+    nt = 1 if expert else t.tokens(T)
+    team = float_gemv_team(rows, row_bytes(qtype, K), -(-T // nt), _max_groups(kernels.dev))
+    pipe = kernels.pipeline("gemv_float", "main", unchecked=bool(t.UNCHECKED),
+                            **float_gemv_consts(qtype, team, nt, t.SG, expert))
+    return pipe, FLOAT_GEMV_WG // team, nt
+
+
 def expert_include(expert: bool) -> str:
-    """The EXPERT constant of gemv.wgsl and matmul.wgsl: rows of an expert bank, or dense rows."""
+    """The EXPERT constant of gemv.wgsl, gemv_float.wgsl and matmul.wgsl: rows of an expert bank, or dense rows."""
     return "// #include expert_on" if expert else "// #include expert_off"
 
 
@@ -298,6 +349,7 @@ def matmul_dispatches(
     Types with an int8 GEMV (has_gemv): it multiplies x rounded to 8 bits
     (kernels_q8), by a quantize dispatch put first, or already rounded in `xq`
     (x is then unread). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
+    F32 / F16 / BF16 take the float GEMV (has_float_gemv), the rest matmul.wgsl.
     """
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
@@ -311,6 +363,7 @@ def matmul_dispatches(
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     rb = row_bytes(q, K)
     out = []
+    floats = False
     if has_gemv(q, K):  # int8 activations, a team of lanes reads each block together
         pipe, rows_wg, nt = gemv_pipeline(kernels, q, T=T)
         label = f"gemv_{wgsl_name(q)}"
@@ -323,11 +376,15 @@ def matmul_dispatches(
 
         return KG.gemm_dispatches(kernels, q, chunks, x, y, bias, K, N, T, x_stride=x_stride, y_stride=y_stride,
                                   resid=resid)
+    elif (floats := has_float_gemv(q, x_stride or K)):  # F32 / F16 / BF16: wide teams, vec4 loads, NT tokens a load
+        label = f"gemv_{wgsl_name(q)}"
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg, EXPERT=expert_include(False))
         label, nt = f"matmul_{wgsl_name(q)}", 1
     b = bias if bias is not None else _no_bias(kernels)
     for buf, row0, rows in chunks:
+        if floats:  # the team width follows the chunk's shape
+            pipe, rows_wg, nt = float_gemv_pipeline(kernels, q, rows, K, T)
         data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)

@@ -4,9 +4,10 @@ Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
 1. the router's logits (an ordinary MatMul before the op) -> wgsl/moe_route.wgsl: each row's
    chosen experts and weights into `ids` / `wts` buffers; nothing comes back to the host;
 2. llama4 (weight before the expert): each pair's input h[t] * wts[a] (moe_combine scale_rows);
-3. gate and up of every pair: the dense GEMV kernels (gemv.wgsl int8, matmul.wgsl f32) with
-   expert_on.wgsl, whose rows start at the pair's expert (read from `ids` on the GPU), so only
-   the chosen experts' blocks are read; the fused gate||up pair where both banks allow it;
+3. gate and up of every pair: the dense GEMV kernels (gemv.wgsl int8, gemv_float.wgsl F32 / F16 /
+   BF16, matmul.wgsl the rest) with expert_on.wgsl, whose rows start at the pair's expert (read
+   from `ids` on the GPU), so only the chosen experts' blocks are read; the fused gate||up pair
+   where both banks allow it;
 4. down of every pair, the same way, into [A, n_embd];
 5. the weighted sum in selection order (moe_combine combine) into the op's output.
 
@@ -110,10 +111,15 @@ def sigmoid_gate_dispatch(kernels: Kernels, buf, src, weight, y, D: int, T: int)
     return Dispatch(pipe, kernels.bind(pipe, [p, buf, src, weight, y]), (T, 1, 1), f"moe_gate {D}")
 
 
-def f32_pipeline(kernels: Kernels, qtype):
-    """matmul.wgsl over an expert bank (types without an int8 GEMV); its rows per workgroup."""
-    rows_wg = KM.rows_per_workgroup(qtype)
-    return kernels.pipeline("matmul", "main", QTYPE=KM.wgsl_name(qtype), WG=KM.MATMUL_WG, ROWS=rows_wg,
+def f32_pipeline(kernels: Kernels, qtype, N: int = 1, K: int = 0, A: int = 1):
+    """The kernel over an expert bank of a type without an int8 GEMV, for N x K experts and A pairs:
+    the float GEMV (F32, F16, BF16), else matmul.wgsl; its rows per workgroup."""
+    q = KM.as_qtype(qtype)
+    if q in KM.FLOAT_GEMV:
+        pipe, rows_wg, _ = KM.float_gemv_pipeline(kernels, q, N, K, A, expert=True)
+        return pipe, rows_wg
+    rows_wg = KM.rows_per_workgroup(q)
+    return kernels.pipeline("matmul", "main", QTYPE=KM.wgsl_name(q), WG=KM.MATMUL_WG, ROWS=rows_wg,
                             EXPERT=KM.expert_include(True)), rows_wg
 
 
@@ -133,8 +139,9 @@ def expert_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, x, y, A: int,
     elif q in KM.GEMV_FAMILY:
         raise UnsupportedError(f"{q.name} expert banks need rows of whole 64-value groups, not {K}")
     else:
-        pipe, rows_wg = f32_pipeline(kernels, q)
-        x_stride, label = K, f"matmul_{KM.wgsl_name(q)}_expert"
+        pipe, rows_wg = f32_pipeline(kernels, q, N, K, A)
+        kind = "gemv" if q in KM.FLOAT_GEMV else "matmul"
+        x_stride, label = K, f"{kind}_{KM.wgsl_name(q)}_expert"
     p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, x_stride, N, False, A), label="expert.params", uniform=True)
     out = []
     for buf, e0, n in chunks:
