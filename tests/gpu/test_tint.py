@@ -20,6 +20,7 @@ from infr.gpu.backend import GPUBackend
 from infr.models import build_spec
 from infr.numerics import INFR, LLAMACPP
 from infr.plan import build_plan
+from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
@@ -149,6 +150,8 @@ def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     names = {k[0] for k in asked}
     assert {"deltanet_conv", "deltanet_qknorm", "deltanet_rule", "deltanet_norm", "gated_attn", "rope_kv"} <= names, names
     assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
+    for pre in ("true", "false"):  # the real shapes' rule (d_k 128: vec4 rows of S), which tiny models don't ask for
+        asked.add(_key("deltanet_rule", "main", {"PRE": pre, **KDN.rule_layout(128)}))
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
