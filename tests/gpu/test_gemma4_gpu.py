@@ -10,6 +10,7 @@ to the CPU reference. The llama.cpp fixtures on the GPU: tests/gpu/test_gemma4_e
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from infr.models import build_spec
 from infr.models.spec import Activation
 from infr.plan import build_plan
 from tests.closeness import assert_follows_greedy, assert_logits_close
+from tests.engine_runs import greedy_outputs
 
 
 def _buf(gpu, a):
@@ -148,17 +150,10 @@ def test_tiny_gemma4_batched_equals_alone_and_the_cpu_reference(gpu, files, pres
     (KV-shared layers reading their source's blocks), and give the tokens each gives alone and the
     CPU reference gives."""
     from infr.engine import Model
-    from infr.sampling import SamplingParams
-    from infr.scheduler import Request
 
     prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
-    greedy = SamplingParams(temperature=0.0)
 
-    def go(model, ps, **kw):
-        reqs = [model.engine.submit(Request(list(p), greedy, max_new=12, ignore_eos=True, **kw)) for p in ps]
-        model.engine.run_until(lambda: all(r.done for r in reqs))
-        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
-        return [r.output for r in reqs]
+    go = partial(greedy_outputs, max_new=12)
 
     path = files(preset)
     on_gpu = Model(path, n_ctx=64, backend="gpu", parallel=len(prompts))

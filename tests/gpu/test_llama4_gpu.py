@@ -11,6 +11,7 @@ the rows before the chunk of every query, so a kernel that reads a masked key fa
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,6 +32,7 @@ from infr.models.spec import QueryTemperature
 from infr.ops import QueryTemp, RMSNorm
 from infr.plan import build_plan
 from tests.closeness import assert_follows_greedy, assert_logits_close
+from tests.engine_runs import greedy_outputs
 
 from test_attention_kernels import _buf, _caches, _check  # tests/gpu is on sys.path (pytest's prepend import mode)
 
@@ -214,19 +216,12 @@ def test_tiny_llama4_batched_equals_alone_and_the_cpu_reference(gpu, llama4_file
     boundaries, and give the tokens each gives alone and the CPU reference gives."""
     from infr.engine import Model
     from infr.models import llama4
-    from infr.sampling import SamplingParams
-    from infr.scheduler import Request
 
     monkeypatch.setattr(llama4, "CHUNK", 8)
     monkeypatch.setattr(llama4, "TEMPERATURE", replace(llama4.TEMPERATURE, floor_scale=8))
     prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
-    greedy = SamplingParams(temperature=0.0)
 
-    def go(model, ps, **kw):
-        reqs = [model.engine.submit(Request(list(p), greedy, max_new=12, ignore_eos=True, **kw)) for p in ps]
-        model.engine.run_until(lambda: all(r.done for r in reqs))
-        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
-        return [r.output for r in reqs]
+    go = partial(greedy_outputs, max_new=12)
 
     on_gpu = Model(llama4_files["F32"], n_ctx=64, backend="gpu", parallel=len(prompts))
     assert {la.attention.chunk for la in on_gpu.spec.layers} == {8, None}

@@ -33,9 +33,8 @@ from infr.models import build_spec
 from infr.models.spec import Activation, Gating, MoESpec
 from infr.numerics import matmul_input, quantize_q8
 from infr.plan import build_plan
-from infr.sampling import SamplingParams
-from infr.scheduler import Request
 from tests.closeness import assert_gpu_follows_cpu, assert_logits_close
+from tests.engine_runs import greedy_outputs
 
 from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.path (pytest's prepend import mode)
 
@@ -249,13 +248,8 @@ def test_tiny_moe_model_follows_the_cpu_reference(gpu, moe_files, monkeypatch, w
 @pytest.mark.parametrize("weights", ["F32", "Q4_K_M256"])
 def test_tiny_moe_batched_equals_alone_and_the_cpu_reference(gpu, moe_files, weights):
     prompts = [list(range(1, 10)), list(range(5, 45)), [1, 2, 3], list(range(100, 130))]
-    greedy = SamplingParams(temperature=0.0)
 
-    def go(model, ps, **kw):
-        reqs = [model.engine.submit(Request(list(p), greedy, max_new=6, ignore_eos=True, **kw)) for p in ps]
-        model.engine.run_until(lambda: all(r.done for r in reqs))
-        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
-        return [r.output for r in reqs]
+    go = partial(greedy_outputs, max_new=6)
 
     on_gpu = Model(moe_files[weights], n_ctx=128, backend="gpu", parallel=len(prompts))
     on_cpu = Model(moe_files[weights], n_ctx=128, backend="cpu", parallel=len(prompts))

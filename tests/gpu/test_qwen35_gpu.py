@@ -13,6 +13,7 @@ files match llama.cpp's probabilities within test_qwen35_exact's bound on the GP
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from infr.plan import build_plan
 from infr.sampling import SamplingParams
 from infr.scheduler import Request
 from tests.closeness import assert_gpu_follows_cpu, assert_logits_close
+from tests.engine_runs import greedy_outputs
 from tests.test_moe_exact import assert_close, decode, rows
 from tests.test_qwen35_exact import DATA, MAX_DP, models  # noqa: F401 (fixture)
 
@@ -193,13 +195,7 @@ def test_the_norm_writes_the_rounded_copy_the_output_projection_reads(gpu, tmp_p
 
 def test_batched_equals_alone_and_the_cpu_reference(gpu, files):
     prompts = [list(range(1, 10)), list(range(5, 75)), [1, 2, 3], list(range(100, 130))]
-    greedy = SamplingParams(temperature=0.0)
-
-    def go(model, ps):
-        reqs = [model.engine.submit(Request(list(p), greedy, max_new=6, ignore_eos=True)) for p in ps]
-        model.engine.run_until(lambda: all(r.done for r in reqs))
-        assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
-        return [r.output for r in reqs]
+    go = partial(greedy_outputs, max_new=6)
 
     on_gpu = Model(files["F32"], n_ctx=128, backend="gpu", parallel=len(prompts))
     on_cpu = Model(files["F32"], n_ctx=128, backend="cpu", parallel=len(prompts))
