@@ -130,7 +130,10 @@ def test_tiny_gemma4_follows_the_cpu_reference(gpu, files, preset, weights):
     assert "gated_gelu_f16" in body and "mul" in body
     assert ("add_scaled" in body) == (preset == "tiny-gemma4-e2b")  # the per-layer inputs
     assert ("expert_scale" in body) == (preset == "tiny-gemma4-moe")
-    prompt = np.random.default_rng(0).integers(0, plan.spec.n_vocab, 20).tolist()  # past the 8-token window
+    # past the 8-token window; seed 22: in tiny-gemma4-moe its router picks (prompt and decode) win by
+    # >= 0.57% (CPU reference), where seed 0's smallest margin, 0.006%, is within reach of float
+    # differences between devices (this test failed on an H100 with it, not diagnosed there)
+    prompt = np.random.default_rng(22).integers(0, plan.spec.n_vocab, 20).tolist()
     assert_logits_close(g.forward(prompt, 0, n_logits=20), c.forward(prompt, 0, n_logits=20), weights != "F32")
     first = int(np.argmax(g.forward(prompt[:6], 0)[-1]))
     got = [first] + g.decode_greedy(first, 6, 16)  # one-token steps past the window
