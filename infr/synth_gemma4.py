@@ -250,9 +250,10 @@ def presets(make) -> dict:
     g = Gemma4Shape(swa6, swa_head_dim=16, swa_kv_heads=2)
     return {
         "tiny-gemma4": make("gemma4", **tiny, gemma4=g, name="tiny-gemma4"),
-        # tiny-gemma4 with Gemma 4's chat template and its markers as control tokens (the server's
-        # chat and tool tests); the other presets stay the files llama.cpp's fixtures were made from
-        "tiny-gemma4-chat": make("gemma4", **tiny, gemma4=g, name="tiny-gemma4-chat",
+        # tiny-gemma4 with Gemma 4's chat template and its markers as control tokens, and room for a
+        # tool conversation spelled byte by byte (the server's chat and tool tests); the other
+        # presets stay the files llama.cpp's fixtures were made from
+        "tiny-gemma4-chat": make("gemma4", **{**tiny, "ctx": 1024}, gemma4=g, name="tiny-gemma4-chat",
                                  chat_template=chat_gemma4.template_source(), special_tokens=CHAT_TOKENS),
         "tiny-gemma4-e2b": make("gemma4", **tiny, name="tiny-gemma4-e2b", gemma4=Gemma4Shape(
             swa6, swa_head_dim=16, swa_kv_heads=2, per_layer_input=32, shared_kv_layers=3, double_wide=True,
