@@ -113,3 +113,20 @@ def test_forced_call_is_json():
     # tool_choice required / named: the grammar makes the reply one JSON call, as for the other dialects
     content, calls, n = run('{"name": "get_weather", "arguments": {"city": "Oslo"}}', 4, forced=True)
     assert content == "" and n == 1
+
+
+@pytest.mark.parametrize("pieces", [1, 6, 10_000])
+def test_thought_channel_is_reasoning_then_calls(pieces):
+    from infr.serve.output import ChatOutput
+    from infr.serve.text import GEMMA4_THOUGHT
+
+    out = ChatOutput(ToolCallStream("gemma4", NAMES), think_tags=GEMMA4_THOUGHT)
+    text = (f"<|channel>thought\nThe user wants {Q}weather{Q}.<channel|>"
+            f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>")
+    n = max(1, len(text) // pieces)
+    deltas = [d for i in range(0, len(text), n) for d in out.push(text[i:i + n])] + out.finish()
+    msg = out.message()
+    assert msg["reasoning_content"] == f"The user wants {Q}weather{Q}."
+    assert msg["content"] is None and len(msg["tool_calls"]) == 1
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    assert any("tool_calls" in d for d in deltas)
