@@ -72,14 +72,18 @@ def fold_tool_messages(messages: list[dict]) -> list[dict]:
         if host is None:
             out.append(msg)
             continue
-        calls = [c for c in host["tool_calls"] if isinstance(c, dict)]
+        # (id, name) of each well-formed call; anything odd just leaves a result unnamed
+        calls = [(c.get("id"), c["function"].get("name")) for c in host["tool_calls"]
+                 if isinstance(c, dict) and isinstance(c.get("function"), dict)]
         name = msg.get("name")
         if not name and msg.get("tool_call_id"):
-            name = next((c.get("function", {}).get("name") for c in calls if c.get("id") == msg["tool_call_id"]), None)
+            name = next((n for cid, n in calls if cid == msg["tool_call_id"]), None)
         if not name:
             i = len(host["tool_responses"])
-            name = calls[i].get("function", {}).get("name") if i < len(calls) else None
-        host["tool_responses"].append({"name": name or "unknown", "response": _response_value(msg.get("content", ""))})
+            name = calls[i][1] if i < len(calls) else None
+        content = msg.get("content")
+        host["tool_responses"].append({"name": name if isinstance(name, str) and name else "unknown",
+                                       "response": _response_value(content if isinstance(content, str) else "")})
     for m in out:
         if "tool_responses" in m and not m["tool_responses"]:
             del m["tool_responses"]  # calls still waiting for results: the turn closes as usual

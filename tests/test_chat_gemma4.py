@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from infr import chat_gemma4, synth
-from infr.chat import ChatTemplate
+from infr.chat import ChatTemplate, TemplateError
 from infr.gguf_file import open_gguf
 
 Q = '<|"|>'
@@ -121,3 +121,27 @@ def test_synthetic_chat_model_carries_the_template(tmp_path):
     assert tokens[gf.metadata["tokenizer.ggml.bos_token_id"]] == "<bos>"
     for t in synth.PRESETS["tiny-gemma4-chat"].special_tokens:
         assert t in tokens
+
+
+def test_odd_shapes_fold_without_raising(tmpl):
+    msgs = [{"role": "user", "content": "x"},
+            {"role": "assistant", "tool_calls": ["junk", {"id": "a", "function": "f"}, {"function": {"name": 3}}]},
+            {"role": "tool", "tool_call_id": "a", "content": None}, {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "after"}, {"role": "tool", "content": "late"}]
+    (_, host, stray) = chat_gemma4.fold_tool_messages(msgs)
+    assert [r["name"] for r in host["tool_responses"]] == ["unknown", "unknown"] and host["content"] == "after"
+    assert stray["role"] == "tool"
+    with pytest.raises(TemplateError):  # the template itself refuses the junk call: a 400 in the server
+        tmpl.render(msgs)
+
+
+def test_a_second_round_of_calls_opens_its_own_turn(tmpl):
+    # Google's first template writes all of a message's calls before its results, so a second round
+    # after the first results stays a message of its own (a new model turn), in order
+    call_b = {"id": "b", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+            {"role": "assistant", "content": None, "tool_calls": [call_b]},
+            {"role": "tool", "tool_call_id": "b", "content": "2"}]
+    text = tmpl.render(msgs)
+    assert text.index("response:get_current_temperature") < text.index("call:search") < text.index("response:search")
