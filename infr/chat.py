@@ -35,6 +35,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from infr import chat_gemma4
 from infr.errors import InfrError
 
 DEFAULT_KEY = "tokenizer.chat_template"
@@ -155,10 +156,13 @@ class ChatTemplate:
         self._env = _environment()
         self._env.globals["strftime_now"] = lambda fmt: self.now().strftime(fmt)
         self._default = _compile(self._env, self.source, "default")
+        # Gemma 4 reads tool results from the calling message (infr/chat_gemma4.py).
+        self._fold_tools = {id(self._default): chat_gemma4.wants_tool_responses(self.source)}
         self._named: dict[str, jinja2.Template | TemplateError] = {}
         for name, src in named.items():
             try:
                 self._named[name] = _compile(self._env, src, name)
+                self._fold_tools[id(self._named[name])] = chat_gemma4.wants_tool_responses(src)
             except TemplateError as e:
                 # llama.cpp ignores a broken tool_use template; fail only if it is chosen.
                 self._named[name] = e
@@ -204,8 +208,11 @@ class ChatTemplate:
         """The prompt text for `messages` (OpenAI-style dicts), optionally with `tools`."""
         template = self._pick(tools)
         context = dict(extra)
+        norm = normalise_messages(messages)
+        if self._fold_tools.get(id(template)):
+            norm = chat_gemma4.fold_tool_messages(norm)
         context.update(
-            messages=normalise_messages(messages),
+            messages=norm,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,

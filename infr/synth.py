@@ -294,6 +294,8 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
     w.add_file_type(int(FILE_TYPES[spec.weight_type]))
     if spec.weight_type not in ("F32", "F16", "BF16"):
         w.add_quantization_version(2)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
     if spec.tokenizer == "gpt2":
         # A byte-level BPE vocabulary: GPT-2's 256 byte symbols, then fillers;
         # llama.cpp insists on a merges list, so give it one.
@@ -301,16 +303,22 @@ def _add_metadata(w: GGUFWriter, spec: SynthSpec) -> None:
             chr(c) for c in range(174, 256)]
         byte_chars += [chr(256 + i) for i in range(256 - len(byte_chars))]
         tokens = byte_chars + [f"t{i}" for i in range(spec.n_vocab - len(byte_chars))]
+        # special tokens take the last fillers' places (t0 must stay: the merge list makes it)
+        first = spec.n_vocab - len(spec.special_tokens)
+        specials = set(range(first, spec.n_vocab))
+        tokens[first:] = spec.special_tokens
         # Bytes >= 128 alone are not UTF-8: as control tokens they print nothing,
         # so random greedy output never trips a server's text handling.
         non_ascii = set(range(94, 188)) | {i for i in range(188, 256) if not (i - 188 <= 32 or i - 188 == 33)}
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
-        w.add_token_types([3 if i in non_ascii else 1 for i in range(spec.n_vocab)])
+        w.add_token_types([3 if i in non_ascii or i in specials else 1 for i in range(spec.n_vocab)])
         w.add_token_merges(["t 0"])
-        w.add_bos_token_id(0)
-        w.add_eos_token_id(1)
+        # Without named ones, BOS and EOS are the first two byte symbols (as llama.cpp's test files)
+        named = {t: tokens.index(t) for t in ("<bos>", "<eos>") if t in spec.special_tokens}
+        w.add_bos_token_id(named.get("<bos>", 0))
+        w.add_eos_token_id(named.get("<eos>", 1))
         return
     w.add_tokenizer_model("test")
     # llama.cpp's test tokenizer prints a token as its id in hex; name tokens so.

@@ -30,6 +30,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import LlamaFileType
 
+from infr import chat_gemma4
+
+# Gemma 4's chat and tool markers (infr/chat_gemma4.py); <turn|> and <|tool_response> end generation.
+CHAT_TOKENS = ("<bos>", "<eos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
+               "<|tool_response>", "<tool_response|>", '<|"|>', "<|channel>", "<channel|>", "<|think|>")
 VECTOR_KINDS = ("g4_rope_freqs", "out_scale", "router_scale", "expert_scale", "qk_norm", "final_norm")
 NORM_SPREAD = 0.2
 
@@ -245,6 +250,11 @@ def presets(make) -> dict:
     g = Gemma4Shape(swa6, swa_head_dim=16, swa_kv_heads=2)
     return {
         "tiny-gemma4": make("gemma4", **tiny, gemma4=g, name="tiny-gemma4"),
+        # tiny-gemma4 with Gemma 4's chat template and its markers as control tokens, and room for a
+        # tool conversation spelled byte by byte (the server's chat and tool tests); the other
+        # presets stay the files llama.cpp's fixtures were made from
+        "tiny-gemma4-chat": make("gemma4", **{**tiny, "ctx": 1024}, gemma4=g, name="tiny-gemma4-chat",
+                                 chat_template=chat_gemma4.template_source(), special_tokens=CHAT_TOKENS),
         "tiny-gemma4-e2b": make("gemma4", **tiny, name="tiny-gemma4-e2b", gemma4=Gemma4Shape(
             swa6, swa_head_dim=16, swa_kv_heads=2, per_layer_input=32, shared_kv_layers=3, double_wide=True,
             full_v_from_k=False)),

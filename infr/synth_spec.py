@@ -77,6 +77,10 @@ class SynthSpec:
     recurrent_layers: tuple[bool, ...] | None = None  # written as attention.recurrent_layers instead
     n_rot: int = 0  # qwen35's rope.dimension_count (partial rotary)
     gemma4: Gemma4Shape | None = None  # gemma4's layer kinds, PLE, KV sharing (infr/synth_gemma4.py)
+    chat_template: str | None = None  # tokenizer.chat_template, for chat and tool tests through the server
+    # gpt2 tokenizer only: vocabulary entries (the last ones) that become control tokens,
+    # so a template's markers tokenize as one token each, as in the real model
+    special_tokens: tuple[str, ...] = ()
 
     @property
     def qk_norm(self) -> bool:

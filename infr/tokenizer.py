@@ -237,8 +237,8 @@ class Tokenizer:
         """
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
-    def stream(self, skip_special: bool = False) -> "StreamDecoder":
-        return StreamDecoder(self, skip_special)
+    def stream(self, skip_special: bool = False, keep: frozenset[int] = frozenset()) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special, keep)
 
     # --- internals
 
@@ -287,9 +287,10 @@ class StreamDecoder:
     all `push` results and `flush()` equals `decode(all ids)`.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, keep: frozenset[int] = frozenset()):
         self._tok = tokenizer
         self._skip = skip_special
+        self._keep = keep  # special tokens that print even when skipping (a tool dialect's tags)
         self._buf = b""
         self._first = True
         self._remove_space = tokenizer.add_space_prefix
@@ -301,11 +302,11 @@ class StreamDecoder:
             if self._skip and tok.add_bos and token_id == tok.bos_id:
                 self._remove_space = False
                 return ""
-            piece = tok.token_to_bytes(token_id, special=not self._skip)
+            piece = tok.token_to_bytes(token_id, special=not self._skip or token_id in self._keep)
             if self._remove_space and piece.startswith(b" "):
                 piece = piece[1:]
         else:
-            piece = tok.token_to_bytes(token_id, special=not self._skip)
+            piece = tok.token_to_bytes(token_id, special=not self._skip or token_id in self._keep)
         self._buf += piece
         end = _complete_prefix(self._buf)
         if tok.clean_spaces:

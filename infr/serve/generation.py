@@ -32,6 +32,7 @@ class Job:
     forced: list[int] = field(default_factory=list)  # tokens the server writes before sampling
     cache_prompt: bool = True
     ignore_eos: bool = False
+    keep_tokens: frozenset[int] = frozenset()  # special tokens whose text stays in the output
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -61,7 +62,7 @@ class Tracker:
 
     def __init__(self, tokenizer, job: Job, emit: Callable[[dict], None]):
         self.tok, self.job, self.emit = tokenizer, job, emit
-        self.stream = tokenizer.stream(skip_special=True)
+        self.stream = tokenizer.stream(skip_special=True, keep=job.keep_tokens)
         self.stops = StopFilter(job.stops)
         self.pending: list[dict] = []  # logprob entries of tokens whose text is still held back
 

@@ -13,8 +13,9 @@ class ChatOutput:
     `calls` make the non-streaming message.
     """
 
-    def __init__(self, tools: ToolCallStream | None, think_open: bool = False):
-        self.reasoning_split = ReasoningSplitter(start_inside=think_open)
+    def __init__(self, tools: ToolCallStream | None, think_open: bool = False,
+                 think_tags: tuple[str, str] = ("<think>", "</think>")):
+        self.reasoning_split = ReasoningSplitter(start_inside=think_open, tags=think_tags)
         self.tools = tools
         self.content = ""
         self.reasoning = ""

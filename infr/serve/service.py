@@ -22,7 +22,8 @@ from infr.serve.grammar import Grammars, tool_call_schema
 from infr.serve.output import ChatOutput
 from infr.serve.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, check_unsupported, stop_list
 from infr.serve.metrics import Metrics
-from infr.serve.tools import FORCED_PREFIX, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
+from infr.serve.text import GEMMA4_THOUGHT
+from infr.serve.tools import FORCED_PREFIX, PRESERVED_TOKENS, TOOL_SYSTEM_NOTE, ToolCallStream, pick_dialect, template_knows_tools
 
 log = logging.getLogger("infr.serve")
 
@@ -223,14 +224,20 @@ class Service:
         max_req = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         budget = self._budget(len(prompt) + len(forced_ids), max_req, field)
+        kept_texts = PRESERVED_TOKENS.get(dialect, ()) if use_tools else ()
+        think_tags = ("<think>", "</think>")
+        if "<|channel>" in source:  # Gemma 4: its thought channel's tags are kept, for reasoning_content
+            think_tags = GEMMA4_THOUGHT
+            kept_texts += ("<|channel>", "<channel|>")
+        keep = frozenset(t for t in map(tok.token_id, kept_texts) if t is not None)
         job = generation.Job(
             prompt=prompt, params=self._params(req), max_tokens=budget, stops=stop_list(req.stop),
             logprobs=(req.top_logprobs or 0) if req.logprobs else None, constraint=constraint,
-            forced=forced_ids, cache_prompt=req.cache_prompt, ignore_eos=req.ignore_eos,
+            forced=forced_ids, cache_prompt=req.cache_prompt, ignore_eos=req.ignore_eos, keep_tokens=keep,
         )
         tool_stream = ToolCallStream(dialect, names, forced_prefix=forced) if use_tools else None
         think_open = text.rstrip().endswith("<think>")
-        return Prepared(job, ChatOutput(tool_stream, think_open=think_open), budget)
+        return Prepared(job, ChatOutput(tool_stream, think_open=think_open, think_tags=think_tags), budget)
 
     def prepare_completion(self, req: CompletionRequest) -> Prepared:
         check_unsupported(req)

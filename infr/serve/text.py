@@ -90,11 +90,16 @@ class TagSplitter:
             out.append(("in" if self.inside else "out", text))
 
 
-class ReasoningSplitter:
-    """`<think>...</think>` text goes to reasoning_content; the rest is content."""
+# Gemma 4 thinks in a channel: `<|channel>thought\n...<channel|>` (its tags are special tokens
+# the server keeps in the output for this; infr/serve/service.py).
+GEMMA4_THOUGHT = ("<|channel>thought\n", "<channel|>")
 
-    def __init__(self, start_inside: bool = False):
-        self.tags = TagSplitter("<think>", "</think>", start_inside=start_inside)
+
+class ReasoningSplitter:
+    """`<think>...</think>` (or the given tags') text goes to reasoning_content; the rest is content."""
+
+    def __init__(self, start_inside: bool = False, tags: tuple[str, str] = ("<think>", "</think>")):
+        self.tags = TagSplitter(*tags, start_inside=start_inside)
 
     def push(self, text: str) -> tuple[str, str]:
         return self._join(self.tags.push(text))

@@ -4,6 +4,7 @@ Dialects (picked from the chat template's text):
 - hermes (Qwen2.5, Hermes, Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 - llama3: the whole reply is `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`)
 - gemma: a fenced `tool_code` block holding `name(arg=value, ...)`
+- gemma4: `<|tool_call>call:name{key:value,...}<tool_call|>`, one span per call (tools_gemma4.py)
 Every dialect also accepts a reply that is one bare JSON call naming a known tool, which small
 models often write instead of their tags.
 """
@@ -19,9 +20,13 @@ from dataclasses import dataclass
 from infr.serve.text import TagSplitter
 
 DIALECT_TAGS = {"hermes": ("<tool_call>", "</tool_call>"), "gemma": ("```tool_code", "```"),
+                "gemma4": ("<|tool_call>", "<tool_call|>"),
                 "llama3": ("<|python_tag|>", "\n\n\n")}  # llama3's tag is rarely closed; see finish()
 # Text the server writes for the model when a call is forced (tool_choice required / named).
-FORCED_PREFIX = {"hermes": "<tool_call>\n", "llama3": "", "gemma": ""}
+FORCED_PREFIX = {"hermes": "<tool_call>\n", "llama3": "", "gemma": "", "gemma4": ""}
+# Special tokens whose text the server keeps in the output when tools are on, so the dialect's
+# tags reach the parser (the rest of the special tokens print nothing, as llama-server's).
+PRESERVED_TOKENS = {"gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>')}
 
 # For templates that never mention tools: a Hermes-style system note so the model knows them.
 TOOL_SYSTEM_NOTE = (
@@ -32,6 +37,8 @@ TOOL_SYSTEM_NOTE = (
 
 
 def pick_dialect(template_source: str) -> str:
+    if "<|tool_call>" in template_source:  # Gemma 4
+        return "gemma4"
     if "<tool_call>" in template_source:
         return "hermes"
     if "<|python_tag|>" in template_source or "ipython" in template_source:
@@ -244,6 +251,10 @@ class ToolCallStream:
             return []
         if self.dialect == "gemma":
             call = parse_python_call(body, self.names) or parse_json_call(body)
+        elif self.dialect == "gemma4":
+            from infr.serve.tools_gemma4 import parse_gemma4_call  # it imports ParsedCall from here
+
+            call = parse_gemma4_call(body, self.names) or parse_json_call(body, self.names)
         else:
             call = parse_json_call(body)
         if call is not None:
