@@ -2,7 +2,8 @@
 last block boundary (infr/checkpoints.py WindowCheckpoints), so a later request sharing a prefix
 longer than the window (an edited last turn, a long shared prefix) restores it and prefills only
 the rest; without checkpoints the engine recomputes. Every case gives the greedy tokens of a cold
-run (no prefix cache) on tiny-gemma3 and tiny-gemma4 (window 8) on the CPU reference."""
+run (no prefix cache) on the CPU reference: tiny-gemma3 and tiny-gemma4 (window 8: a checkpoint
+pins one block), and tiny-gemma4-e2b (KV-shared layers) with a window of 40 (two blocks)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from infr import synth
 from infr.cpu.backend import CPUBackend
 from infr.engine import Model
-from infr.kvpool import BLOCK_SIZE, BlockPool
+from infr.kvpool import BLOCK_SIZE, BlockPool, window_span
 from infr.sampling import SamplingParams
 from infr.scheduler import Request
 
@@ -20,10 +21,11 @@ GREEDY = SamplingParams(temperature=0.0)
 CTX = 256
 
 
-@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma4"])
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma4", "tiny-gemma4-e2b-w40"])
 def path(request, tmp_path_factory):
     name = request.param
-    spec = synth.preset(name, tokenizer="gpt2") if name == "tiny-gemma3" else synth.PRESETS[name]
+    changes = {"tokenizer": "gpt2"} if name == "tiny-gemma3" else {"sliding_window": 40} if "w40" in name else {}
+    spec = synth.preset(name.removesuffix("-w40"), **changes)
     return synth.write_gguf(spec, tmp_path_factory.mktemp("swack") / f"{name}.gguf")
 
 
@@ -76,7 +78,8 @@ def _long_prefix_case(model, cold):
     a, b = _ids(1, 150), None
     (ra,) = _run(model, [a])
     assert ra.output == cold(a)
-    _run(model, [_ids(2, 200)], max_new=4)  # its window blocks push a's cached ones out
+    for seed in (2, 12):  # unrelated requests: their window blocks push a's cached ones out
+        _run(model, [_ids(seed, 200)], max_new=4)
     b = a[:135] + _ids(3, 12)
     rows = model.engine.stats.prefill_rows
     (rb,) = _run(model, [b])
@@ -87,11 +90,12 @@ def _long_prefix_case(model, cold):
 def test_a_shared_prefix_past_the_window_restores_a_checkpoint(path, cold):
     model = Model(path, n_ctx=CTX, backend="cpu", kv_tokens=4 * CTX, batch_tokens=64)
     ck = model.window_checkpoints
-    assert model.plan.window == 8 and ck.span == 1 and ck.count_max == 3
+    assert ck.span == window_span(model.plan.window, BLOCK_SIZE) == (2 if model.plan.window == 40 else 1)
+    assert ck.count_max == 3
     rb, rows, n = _long_prefix_case(model, cold)
     assert rb.cached_tokens == 128 and rows == n - 128  # only the rest of b computed
-    assert ck.restored == 1 and ck.saved == 2  # a's (at 128) and the unrelated request's (at 192)
-    assert model.pool.used == 0 and model.window_pool.used == 0 and model.window_pool.pinned == ck.blocks == 2
+    assert ck.restored == 1 and ck.saved == 3  # a's (at 128) and the unrelated requests' (at 192)
+    assert model.pool.used == 0 and model.window_pool.used == 0 and model.window_pool.pinned == ck.blocks == 3 * ck.span
 
 
 def test_without_checkpoints_the_engine_recomputes(path, cold):
@@ -154,7 +158,7 @@ def test_metrics_show_the_checkpoints(path, cold):
     _long_prefix_case(model, cold)
     text = Metrics().render(model.engine)
     assert 'infr_swa_checkpoints_total{event="restored"} 1' in text
-    assert 'infr_swa_checkpoints_total{event="saved"} 2' in text and "infr_swa_checkpoints 2" in text
-    per = model.plan.kv_bytes_per_token(True) * BLOCK_SIZE
-    assert f'infr_swa_checkpoint_bytes{{state="used"}} {2 * per}' in text
-    assert 'infr_kv_window_blocks{state="pinned"} 2' in text
+    assert 'infr_swa_checkpoints_total{event="saved"} 3' in text and "infr_swa_checkpoints 3" in text
+    span, per = model.window_checkpoints.span, model.plan.kv_bytes_per_token(True) * BLOCK_SIZE
+    assert f'infr_swa_checkpoint_bytes{{state="used"}} {3 * span * per}' in text
+    assert f'infr_kv_window_blocks{{state="pinned"}} {3 * span}' in text
