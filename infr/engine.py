@@ -61,7 +61,10 @@ class Model:
     A recurrent model (qwen35) keeps snapshots of its state for prefix reuse (infr/checkpoints.py):
     `checkpoints` of them at most (default checkpoints.PER_SEQUENCE per parallel sequence; 0: none,
     every prompt computed from position 0), taken every `checkpoint_every` blocks of a prompt (default
-    checkpoints.EVERY_TOKENS) and at its last block boundary."""
+    checkpoints.EVERY_TOKENS) and at its last block boundary. A model with sliding-window layers
+    (gemma3, gemma4) pins their last window at the same points instead (checkpoints.WindowCheckpoints;
+    default checkpoints.SWA_PER_SEQUENCE per parallel sequence, llama-server's --swa-checkpoints; 0:
+    a prefix is reused only while the window pool still caches its window)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
                  parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512, cpu_moe: int = 0,
@@ -107,10 +110,16 @@ class Model:
             per = self.plan.recurrent_bytes_per_sequence
             every = checkpoint_every if checkpoint_every is not None else max(1, ckpt.EVERY_TOKENS // BLOCK_SIZE)
             self.checkpoints = ckpt.Checkpoints(self.backend, per, n * per, BLOCK_SIZE, every)
+        self.window_checkpoints = None
+        if self.window_pool is not None:
+            n = ckpt.SWA_PER_SEQUENCE * parallel if checkpoints is None else checkpoints
+            every = checkpoint_every if checkpoint_every is not None else max(1, ckpt.EVERY_TOKENS // BLOCK_SIZE)
+            self.window_checkpoints = ckpt.WindowCheckpoints(self.window_pool, self.plan.window, n, every,
+                                                             self.plan.kv_bytes_per_token(True))
         self.engine = Scheduler(self.backend, self.pool, n_ctx, tok.is_eog, self.spec.n_vocab,
                                 parallel=parallel, batch_tokens=batch_tokens, window_pool=self.window_pool,
                                 window=self.plan.window, recurrent=bool(self.plan.recurrent),
-                                checkpoints=self.checkpoints)
+                                checkpoints=self.checkpoints, window_checkpoints=self.window_checkpoints)
 
     def session(self) -> "Session":
         return Session(self)

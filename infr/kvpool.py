@@ -9,7 +9,9 @@ block is hashed by its tokens and the hash of the block before it (so a hash
 names the whole prefix up to the block's end) and can then be shared by any
 sequence whose tokens start the same way (vLLM's automatic prefix caching).
 Blocks whose last user went are kept, still hashed, until the space is
-needed: the least recently released one is evicted first.
+needed: the least recently released one is evicted first. A *pinned* block
+(a checkpoint of the sliding-window layers' KV, infr/checkpoints.py) is never
+evicted nor reused while pinned, but it is not in use by any sequence either.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import numpy as np
 from infr.errors import InfrError
 
 BLOCK_SIZE = 32  # tokens per block: a prefix hit is rounded down to it
+# Pinned windows (checkpoints of the sliding-window layers, infr/checkpoints.py) the window store
+# has room for per sequence: one keeps a conversation's last prompt for its next turn. More may be
+# kept in the store's idle blocks; they give way when a step needs them.
+WINDOW_CHECKPOINTS = 1
 
 
 class PoolFull(Exception):
@@ -65,16 +71,24 @@ class KVBudget:
         return n
 
 
+def window_span(window: int, block_size: int) -> int:
+    """Whole blocks a row at a block boundary sees in the window layers (the window - 1 keys
+    before it): what a checkpoint of the window pins (infr/checkpoints.py)."""
+    return -(-(window - 1) // block_size)
+
+
 def window_blocks(window: int, block_size: int, max_seqs: int, batch_tokens: int, ahead: int,
-                  blocks_per_seq: int) -> int:
+                  blocks_per_seq: int, checkpoints: int = 0) -> int:
     """Blocks the sliding-window layers' pool needs so that it is never what stops a step: each of
     max_seqs sequences holds the blocks of the window - 1 keys before its first row (a block more
     where they straddle one), and its rows' own: `ahead` positions of a multi-step decode call,
     or its share of the step's batch_tokens prompt rows (a block more each for alignment). A
     sequence never holds more than blocks_per_seq (one context). llama.cpp sizes its SWA cache
-    the same way: the window times the sequences, plus one batch."""
-    per_seq = -(-(window - 1) // block_size) + 1 + -(-max(ahead, 1) // block_size) + 1
-    return max_seqs * min(blocks_per_seq, per_seq) + -(-batch_tokens // block_size)
+    the same way: the window times the sequences, plus one batch. `checkpoints`: room for that
+    many pinned windows (infr/checkpoints.py) on top."""
+    per_seq = window_span(window, block_size) + 1 + -(-max(ahead, 1) // block_size) + 1
+    return (max_seqs * min(blocks_per_seq, per_seq) + -(-batch_tokens // block_size)
+            + checkpoints * min(blocks_per_seq, window_span(window, block_size)))
 
 
 def store_sizes(backend, plan, kv_blocks: "int | KVBudget | None", block_size: int, blocks_per_seq: int,
@@ -86,14 +100,15 @@ def store_sizes(backend, plan, kv_blocks: "int | KVBudget | None", block_size: i
     more sequences fit. The window store is sized by window_blocks for max_seqs sequences of
     batch_tokens rows a step (ahead: the backend's multi_step), at most the full store's size;
     without max_seqs, or without full layers to give the memory to, it is the full store's size
-    (so one sequence can run over an identity table: forward()). A recurrent model's per-slot
+    (so one sequence can run over an identity table: forward()); it has room for
+    WINDOW_CHECKPOINTS checkpoints of each sequence's window. A recurrent model's per-slot
     state (max_seqs sequences of Plan.recurrent_bytes_per_sequence) comes out of a KVBudget first."""
     full_b, win_b = plan.kv_bytes_per_token(False), plan.kv_bytes_per_token(True)
     states = plan.recurrent_bytes_per_sequence * (max_seqs or 1)
     need = None
     if plan.window and full_b and max_seqs is not None:
         need = window_blocks(plan.window, block_size, max_seqs, batch_tokens or block_size, backend.multi_step,
-                             blocks_per_seq)
+                             blocks_per_seq, WINDOW_CHECKPOINTS * max_seqs)
     if isinstance(kv_blocks, KVBudget):
         if need is None:
             n = kv_blocks.blocks(backend, block_size, blocks_per_seq, max_blocks, reserved=states)
@@ -142,6 +157,8 @@ class BlockPool:
         self.by_hash: dict[bytes, int] = {}
         self._free = list(range(self.n_blocks - 1, -1, -1))  # never hashed, or evicted: pop() takes block 0 first
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced but hashed, oldest release first
+        self._pins: dict[int, int] = {}  # block -> pins on it (checkpoints)
+        self._idle_pinned = 0  # pinned blocks no sequence references: neither used nor free
         self.evicted = 0
         self.peak = 0  # most blocks in use at once
 
@@ -154,7 +171,13 @@ class BlockPool:
 
     @property
     def used(self) -> int:
-        return self.n_blocks - self.free
+        """Blocks sequences reference."""
+        return self.n_blocks - self.free - self._idle_pinned
+
+    @property
+    def pinned(self) -> int:
+        """Blocks pinned (by checkpoints), whether sequences reference them too or not."""
+        return len(self._pins)
 
     @property
     def cached(self) -> int:
@@ -177,7 +200,10 @@ class BlockPool:
         """Reference blocks found by match()."""
         for b in blocks:
             if self.ref[b] == 0:
-                self._cached.pop(b, None)
+                if b in self._pins:
+                    self._idle_pinned -= 1
+                else:
+                    self._cached.pop(b, None)
             self.ref[b] += 1
         self.peak = max(self.peak, self.used)
 
@@ -203,10 +229,35 @@ class BlockPool:
             if self.ref[b] < 0:
                 raise AssertionError(f"KV block {b} released more often than taken")
             if self.ref[b] == 0:
-                if self.hash_of[b] is None:
-                    self._free.append(b)
+                if b in self._pins:
+                    self._idle_pinned += 1
                 else:
-                    self._cached[b] = None
+                    self._unused(b)
+
+    def _unused(self, b: int) -> None:
+        if self.hash_of[b] is None:
+            self._free.append(b)
+        else:
+            self._cached[b] = None
+
+    def pin(self, blocks: Sequence[int]) -> None:
+        """Keep blocks (referenced now) as they are until unpin(): never evicted nor reused."""
+        for b in blocks:
+            if self.ref[b] == 0 and b not in self._pins:
+                raise AssertionError(f"KV block {b} pinned while unused")
+            self._pins[b] = self._pins.get(b, 0) + 1
+
+    def unpin(self, blocks: Sequence[int]) -> None:
+        """Drop one pin from each block; an unreferenced block whose last pin goes is released."""
+        for b in reversed(blocks):
+            n = self._pins[b] - 1
+            if n:
+                self._pins[b] = n
+                continue
+            del self._pins[b]
+            if self.ref[b] == 0:
+                self._idle_pinned -= 1
+                self._unused(b)
 
     def register(self, block: int, h: bytes) -> None:
         """Mark a full block as holding the prefix named `h` (a no-op if another block already does)."""

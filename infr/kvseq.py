@@ -21,7 +21,8 @@ is taken only when the full pool holds blocks 0 .. m - 1 *and* the window pool
 holds the window blocks the first recomputed row sees, blocks
 (m * bs - window + 1) // bs .. m - 1; otherwise the reuse point falls back to
 the longest shorter prefix for which both hold (down to 0: the prompt is
-recomputed). A held sequence that is rewound (Session.prefill with other
+recomputed), unless a checkpoint pins the window blocks of a longer prefix the full
+pool holds (infr/checkpoints.py). A held sequence that is rewound (Session.prefill with other
 tokens) keeps its prefix under the same rule, and recomputes from the prefix
 cache when its own window blocks before the rewind point were already given
 back.
@@ -83,10 +84,12 @@ class KVCache:
 
     # --- changes
 
-    def admit(self, seq: SeqBlocks, tokens: Sequence[int], use_cache: bool = True) -> int:
+    def admit(self, seq: SeqBlocks, tokens: Sequence[int], use_cache: bool = True, pinned=None) -> int:
         """Give a sequence with no blocks its cached prefix (the reuse rule above): the tokens
         whose KV it now holds, a multiple of block_size, at most len(tokens) - 1 (at least one
-        token runs, to give the next token's logits)."""
+        token runs, to give the next token's logits). `pinned(h)`: the window blocks a checkpoint
+        keeps for the block boundary hashed h, or None (infr/checkpoints.py): the prefix goes on
+        to the latest such boundary the full pool holds, when the window pool alone stops short."""
         bs = self.block_size
         seq.full, seq.window, seq.hashes, seq.trimmed = [], [], [], 0
         if not use_cache:
@@ -100,6 +103,12 @@ class KVCache:
             if len(win) == m - lo:
                 break
             m = lo + len(win)  # the first missing window block: no reuse point past it can be taken
+        if pinned is not None and self.window is not None:
+            for b in range(len(full), max(m, 1) - 1, -1):  # down to the window pool's own reuse point
+                pins = pinned(hashes[b - 1])
+                if pins is not None:  # blocks first_key(b * bs) // bs .. b - 1, as the loop above finds them
+                    m, win = b, list(pins)
+                    break
         seq.full, seq.hashes = list(full[:m]), hashes[:m]
         self.full.take(seq.full)
         if self.window is not None:

@@ -10,7 +10,9 @@ latest-admitted request is preempted: its blocks are released (its full ones
 stay cached) and it is recomputed later from its tokens so far, so its output
 is unchanged. A cancelled request frees its blocks at the next step. Before
 each step, the sliding-window layers' blocks that no scheduled row can see any
-more go back to their pool (infr/kvseq.py).
+more go back to their pool (infr/kvseq.py); the last window before each prompt's last block
+boundary stays pinned as a checkpoint, so a later request sharing that prefix (a follow-up
+turn, an edited last message) can still take it (infr/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from infr.batch import Batch, OutputRow
-from infr.checkpoints import Checkpoints
+from infr.checkpoints import Checkpoints, WindowCheckpoints
 from infr.errors import InfrError
 from infr.kvpool import BlockPool, block_hashes
 from infr.kvseq import KVCache, SeqBlocks
@@ -109,11 +111,14 @@ class Scheduler:
 
     def __init__(self, backend, pool: BlockPool, n_ctx: int, is_eog: Callable[[int], bool], n_vocab: int,
                  parallel: int = 1, batch_tokens: int = 512, window_pool: BlockPool | None = None,
-                 window: int | None = None, recurrent: bool = False, checkpoints: Checkpoints | None = None):
+                 window: int | None = None, recurrent: bool = False, checkpoints: Checkpoints | None = None,
+                 window_checkpoints: WindowCheckpoints | None = None):
         """`window_pool`, `window`: where the model has sliding-window layers, the pool of their
         KV blocks and their window (infr/kvseq.py); None: every layer's KV is in `pool`.
         `recurrent`: the model has recurrent (DeltaNet) layers (Plan.recurrent); `checkpoints`:
-        where their state is snapshot for prefix reuse (infr/checkpoints.py; None: no reuse)."""
+        where their state is snapshot for prefix reuse (infr/checkpoints.py; None: no reuse);
+        `window_checkpoints`: where the window layers' last window is pinned for prefix reuse
+        past it (None: a prefix is reused only while the window pool still caches its window)."""
         if parallel < 1:
             raise InfrError(f"--parallel must be at least 1, got {parallel}")
         if batch_tokens < parallel:
@@ -127,6 +132,7 @@ class Scheduler:
         # restarts from such a checkpoint, else from position 0 (infr/checkpoints.py).
         self.recurrent = recurrent
         self.checkpoints = checkpoints if recurrent else None
+        self.window_checkpoints = window_checkpoints if window_pool is not None else None
         self.is_eog, self.n_vocab = is_eog, n_vocab
         self.parallel, self.batch_tokens = parallel, batch_tokens
         self.waiting: deque[Request] = deque()
@@ -223,6 +229,7 @@ class Scheduler:
                 self.kv.register(req.kv, req.tokens, req.computed)
                 if req.checkpoint_at == req.computed:  # before _accept: a request that ends frees its slot
                     self.checkpoints.save(req.kv.hashes[req.computed // self.pool.block_size - 1], req.slot)
+                self._pin_windows(req, start, req.computed)
             req.checkpoint_at = None
         for i, req in enumerate(owners):
             if req.done:
@@ -232,6 +239,19 @@ class Scheduler:
             except Exception as e:  # on_token failed: that request ends with the error
                 self._finish(req, "error", error=f"{type(e).__name__}: {e}")
         return True
+
+    def _pin_windows(self, req: Request, start: int, end: int) -> None:
+        """Checkpoint the window layers' last window at each checkpoint position in start + 1 .. end
+        (what this step's chunk of req computed, or a prefix it was admitted with): its blocks are
+        all held until the next step's trim."""
+        ck = self.window_checkpoints
+        if ck is None:
+            return
+        bs = self.pool.block_size
+        for p in ck.targets(start, min(len(req.prompt), len(req.tokens))):
+            if p > end:
+                break
+            ck.save(req.kv.hashes[p // bs - 1], req.kv, p)
 
     def _multi_step(self) -> bool:
         """Several decode steps in one backend call (tokens stay on the device) when every running
@@ -400,7 +420,10 @@ class Scheduler:
 
     def _take_prefix(self, req: Request) -> int:
         """req (with a slot, no blocks) takes its cached prefix: the tokens it need not compute."""
-        done = self.kv.admit(req.kv, req.tokens, req.cache_prompt)
+        ck = self.window_checkpoints
+        done = self.kv.admit(req.kv, req.tokens, req.cache_prompt, pinned=ck.lookup if ck is not None else None)
+        if done:  # admitted at its prompt's last boundary: nothing will compute up to it, checkpoint it now
+            self._pin_windows(req, done - 1, done)
         return self._restore(req, done) if self.recurrent and done else done
 
     def _restore(self, req: Request, upto: int) -> int:
@@ -430,8 +453,14 @@ class Scheduler:
         return n
 
     def _grow(self, req: Request, n_tokens: int) -> bool:
-        """Blocks for req's first n_tokens, without preempting anyone."""
-        return self.kv.grow(req.kv, n_tokens)
+        """Blocks for req's first n_tokens, without preempting anyone: window checkpoints are
+        dropped (least recently used first) while the window pool is what runs short."""
+        while not self.kv.grow(req.kv, n_tokens):
+            need = -(-n_tokens // self.pool.block_size) - len(req.kv.full)
+            ck = self.window_checkpoints
+            if ck is None or self.pool.free < need or self.window_pool.free >= need or not ck.drop_oldest():
+                return False
+        return True
 
     def _reserve(self, req: Request, n_tokens: int) -> bool:
         """Blocks for req's first n_tokens, preempting the latest-admitted requests as needed.

@@ -82,7 +82,7 @@ def test_gemma3_past_its_window_holds_only_the_window(gemma3_path):
     filler = [t for c in cases for t in c["prompt_ids"][1:]]
     prompt = (longest + filler * 8)[:1200]
     n_new, ctx = 8, 1200 + 8 + 8
-    model = Model(gemma3_path, n_ctx=ctx, backend="cpu", parallel=2)
+    model = Model(gemma3_path, n_ctx=ctx, backend="cpu", parallel=2, kv_tokens=4 * ctx)  # room past the windows'
     window = model.plan.window
     assert window == 512 and model.window_pool.n_blocks < model.pool.n_blocks
     held = []
@@ -125,10 +125,11 @@ def _run(model, prompts, max_new=6, **kw) -> list[Request]:
 
 def test_prefix_reuse_with_window_layers(tiny_gemma3):
     """A cached prefix is reused while the window pool still holds the blocks its window needs,
-    and falls back (here to nothing) once they were evicted though the full pool still holds the
-    prefix; the tokens are those of a run without the prefix cache either way."""
-    model = Model(tiny_gemma3, n_ctx=256, backend="cpu", kv_tokens=1024, batch_tokens=32)
-    assert model.plan.window == 8 and model.window_pool.n_blocks == 5 and model.pool.n_blocks == 32
+    and, without checkpoints of the window (infr/checkpoints.py; tests/test_swa_checkpoints.py), falls
+    back (here to nothing) once they were evicted though the full pool still holds the prefix; the
+    tokens are those of a run without the prefix cache either way."""
+    model = Model(tiny_gemma3, n_ctx=256, backend="cpu", kv_tokens=1024, batch_tokens=32, checkpoints=0)
+    assert model.plan.window == 8 and model.window_pool.n_blocks == 5 + 1 and model.pool.n_blocks == 32
     a = list(range(1, 101))
     _run(model, [a])
     b = a[:96] + [7, 8, 9, 10, 11, 12]
@@ -136,7 +137,7 @@ def test_prefix_reuse_with_window_layers(tiny_gemma3):
     assert hit.cached_tokens == 96  # block 2 (positions 64..95) is the window of position 96: still cached
     (cold,) = _run(model, [b], cache_prompt=False)
     assert hit.output == cold.output
-    _run(model, [list(range(200, 400))])  # 7 window blocks through a pool of 5: the cached ones are evicted
+    _run(model, [list(range(200, 400))])  # 7 window blocks through a pool of 6: the cached ones are evicted
     b2 = a[:96] + [13, 14, 15, 16, 17, 18]
     assert len(model.pool.match(block_hashes(b2[:96], BLOCK_SIZE))) == 3  # the full layers still hold it
     (miss,) = _run(model, [b2])
@@ -206,7 +207,8 @@ def test_window_blocks_in_metrics_and_bench(tiny_gemma3):
 
 
 def test_a_memory_budget_gives_the_window_layers_savings_to_the_full_pool(tiny_gemma3, monkeypatch):
-    """`--kv-size 2%`: the window store takes what two windows and a step need, and the rest of the
+    """`--kv-size 2%`: the window store takes what two windows, a step and a pinned window of each
+    sequence (infr/checkpoints.py) need, and the rest of the
     fraction goes to the full layers' blocks: about seven times the blocks one store for every layer
     had (tiny-gemma3: one global layer in seven), so more sequences fit."""
     from infr import memory
@@ -216,8 +218,8 @@ def test_a_memory_budget_gives_the_window_layers_savings_to_the_full_pool(tiny_g
     model = Model(tiny_gemma3, n_ctx=256, backend="cpu", parallel=2, kv_tokens=KVBudget(0.02))
     plan = model.plan
     budget = 0.02 * ((1 << 30) - KVBudget.RESERVE)
-    need = window_blocks(plan.window, BLOCK_SIZE, 2, 512, model.backend.multi_step, 256 // BLOCK_SIZE)
-    assert model.window_pool.n_blocks == model.backend.n_window_blocks == need == 2 * 4 + 16
+    need = window_blocks(plan.window, BLOCK_SIZE, 2, 512, model.backend.multi_step, 256 // BLOCK_SIZE, 2)
+    assert model.window_pool.n_blocks == model.backend.n_window_blocks == need == 2 * 4 + 16 + 2 * 1
     reserved = need * BLOCK_SIZE * plan.kv_bytes_per_token(True)
     assert model.pool.n_blocks == int(budget - reserved) // (plan.kv_bytes_per_token(False) * BLOCK_SIZE)
     one_store = int(budget) // (plan.kv_bytes_per_token() * BLOCK_SIZE)

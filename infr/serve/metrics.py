@@ -1,6 +1,6 @@
 """Counters for `/metrics` in Prometheus' text format: requests, tokens, and the engine's
 running and waiting sequences, KV blocks, prefix-cache hits, a recurrent model's state checkpoints,
-batch sizes and step time."""
+sliding-window KV checkpoints, batch sizes and step time."""
 
 from __future__ import annotations
 
@@ -75,11 +75,20 @@ class Metrics:
             if win is not None:  # sliding-window layers: their own pool, blocks given back past the window
                 metric("kv_window_blocks", "gauge", f"KV cache blocks of the sliding-window layers ({win.block_size} "
                        "tokens each), by state.", [('{state="used"}', win.used), ('{state="free"}', win.free),
-                                                  ('{state="cached"}', win.cached)])
+                                                  ('{state="cached"}', win.cached), ('{state="pinned"}', win.pinned)])
                 metric("kv_window_blocks_evicted_total", "counter", "Cached sliding-window KV blocks evicted.",
                        [("", win.evicted)])
             metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache.",
                    [("", st.prefix_hit_tokens)])
+            wck = engine.window_checkpoints
+            if wck is not None:  # the window layers' last windows pinned for prefix reuse (infr/checkpoints.py)
+                metric("swa_checkpoints", "gauge", "Sliding-window KV checkpoints kept for prefix reuse.",
+                       [("", wck.count)])
+                metric("swa_checkpoint_bytes", "gauge", "Window-store memory the checkpoints pin, and the most "
+                       "their count allows.", [('{state="used"}', wck.bytes), ('{state="budget"}', wck.budget_bytes)])
+                metric("swa_checkpoints_total", "counter", "Sliding-window KV checkpoints, by event.",
+                       [('{event="saved"}', wck.saved), ('{event="restored"}', wck.restored),
+                        ('{event="evicted"}', wck.evicted)])
             ck = engine.checkpoints
             if ck is not None:  # a recurrent model: its state's snapshots for prefix reuse (infr/checkpoints.py)
                 metric("recurrent_state_bytes_per_sequence", "gauge", "Bytes of one sequence's recurrent state, "

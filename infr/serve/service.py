@@ -114,6 +114,8 @@ class Service:
             sized += f"; sliding-window layers: {win.n_blocks} blocks (window {plan.window})"
         if model.checkpoints is not None:  # a recurrent model: per-slot state and prefix checkpoints
             sized += "; " + model.checkpoints.line()
+        if model.window_checkpoints is not None:  # the window layers' last windows pinned for prefix reuse
+            sized += "; " + model.window_checkpoints.line()
         log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
                  "%.1f MiB%s), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size, mib, sized,
