@@ -37,6 +37,8 @@ _HELP = {
     "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
     "cpu_moe": "keep the experts of the first N MoE layers in host memory, run on the CPU (llama.cpp's "
                "--n-cpu-moe) ",
+    "alias": "the model id clients see in /v1/models and every response's `model` (default: MODEL as given, "
+             "or a GGUF path's file stem) ",
     "kv_size": "KV cache capacity shared by all sequences: tokens, or a fraction of the memory free after the "
                "weights (0.9 or 90%%) (default: ctx x parallel) ",
 }
@@ -47,8 +49,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="MODEL as for `infr run` (default: the default offline model).")
     p.add_argument("model", nargs="?", help="model to serve (env INFR_MODEL)")
     for name, (env, typ, default) in SERVE_OPTIONS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"{_HELP.get(name, '')}"
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
+                       metavar="NAME" if name == "alias" else None, help=f"{_HELP.get(name, '')}"
                        f"(env {env}; default {default})")
+    p.add_argument("--strict-model", action="store_true", default=None,
+                   help="answer 404 model_not_found to requests naming another model (default: serve any name, "
+                        "as llama-server does) (env INFR_STRICT_MODEL=1)")
     p.add_argument("--device", type=int, default=None, help="GPU adapter number (env INFR_DEVICE)")
     return p
 
@@ -80,9 +86,13 @@ def config_from_args(args: argparse.Namespace):
     if not 0 <= opts["port"] <= 65535:
         raise InfrError(f"--port must be 0..65535, got {opts['port']}")
     model = args.model or os.environ.get("INFR_MODEL") or None
+    strict = getattr(args, "strict_model", None)
+    if strict is None:
+        strict = os.environ.get("INFR_STRICT_MODEL", "").lower() in ("1", "true", "yes", "on")
     return Config(model=model, host=opts["host"], port=opts["port"], api_key=opts["api_key"], ctx=opts["ctx"],
                   parallel=opts["parallel"], batch_tokens=opts["batch_tokens"], kv_size=opts["kv_size"],
-                  backend=opts["backend"], model_alias=opts["alias"], cpu_moe=opts["cpu_moe"])
+                  backend=opts["backend"], model_alias=opts["alias"], cpu_moe=opts["cpu_moe"],
+                  strict_model=strict)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

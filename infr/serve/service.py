@@ -40,7 +40,23 @@ class Config:
     kv_size: "int | KVBudget | None" = None  # KV pool capacity: tokens or a fraction of free memory (default: ctx each)
     backend: str = "auto"
     model_alias: str | None = None
+    strict_model: bool = False  # 404 for a request naming another model (default: any name is served)
     cpu_moe: int = 0  # experts of the first N MoE layers on the CPU (--cpu-moe)
+
+
+def served_id(ref: str | None, alias: str | None = None) -> str:
+    """The id clients see: --alias, else the GGUF file's stem for a path, else MODEL as given."""
+    if alias:
+        return alias
+    if not ref:
+        from infr.offline import DEFAULT_MODEL
+
+        return DEFAULT_MODEL
+    path = Path(ref).expanduser()
+    # a bare *.gguf name is a file to store.resolve; org/repo/x.gguf may be an HF ref, kept whole
+    if path.is_file() or (ref.endswith(".gguf") and "/" not in ref.removeprefix("hf:")):
+        return path.stem
+    return ref
 
 
 @dataclass
@@ -57,7 +73,7 @@ class Service:
         self.grammars: Grammars | None = None
         self.metrics = Metrics()
         self.load_error: str | None = None
-        self.model_id = config.model_alias or (config.model or "default")
+        self.model_id = served_id(config.model, config.model_alias)
         self.names: set[str] = {self.model_id}
         self.created = int(time.time())
         self._lifespans = 0
@@ -132,7 +148,8 @@ class Service:
         if self.model is None:
             raise APIError(503, "the model is still loading" if self.load_error is None
                            else f"the model failed to load: {self.load_error}")
-        if name is not None and name not in self.names:
+        # one model is served: like llama-server, any name reaches it unless --strict-model
+        if self.config.strict_model and name is not None and name not in self.names:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
                            param="model", code="model_not_found")
 

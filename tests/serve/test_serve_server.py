@@ -156,7 +156,7 @@ BAD = [
     ("temperature range", "POST", "/v1/chat/completions", _chat(temperature=9), AUTH, 400, "temperature"),
     ("n > 1", "POST", "/v1/chat/completions", _chat(n=3), AUTH, 400, "unsupported field(s): n"),
     ("logit_bias", "POST", "/v1/chat/completions", _chat(logit_bias={"1": 5}), AUTH, 400, "logit_bias"),
-    ("unknown model", "POST", "/v1/chat/completions", _chat(model="nope"), AUTH, 404, "'nope' does not exist"),
+    ("unknown model id", "GET", "/v1/models/nope", None, AUTH, 404, "'nope' does not exist"),
     ("invalid schema", "POST", "/v1/chat/completions",
      _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}), AUTH, 400,
      "invalid"),
@@ -188,6 +188,12 @@ def test_bad_requests(server, case):
     assert err["type"] and "code" in err
     # the server still answers
     assert httpx.get(server + "/health").status_code == 200
+
+
+def test_any_model_name_is_served(server):
+    """Without --strict-model the one model answers whatever `model` a client names, under its own id."""
+    r = httpx.post(server + "/v1/chat/completions", json=_chat(model="nope"), headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "smol"
 
 
 def test_health_open_and_alive_after_corpus(server):
