@@ -13,11 +13,9 @@ from infr.cpu.deltanet import RecurrentStore, deltanet_forward
 from infr.engine import Model
 from infr.errors import InfrError
 from infr.models.spec import DeltaNetSpec
-from infr.sampling import SamplingParams
-from infr.scheduler import Request
+from tests.engine_runs import cold_runs, finished
 
 TINY = synth.PRESETS["tiny-qwen35"]
-GREEDY = SamplingParams(temperature=0.0)
 CTX = 160
 
 
@@ -27,26 +25,13 @@ def tiny_path(tmp_path_factory):
 
 
 def _run(model, prompts, max_new=12, **kw):
-    reqs = [model.engine.submit(Request(list(p), GREEDY, max_new=max_new, **kw)) for p in prompts]
-    model.engine.run_until(lambda: all(r.done for r in reqs))
-    assert all(r.finish_reason != "error" for r in reqs), [r.error for r in reqs]
-    return reqs
+    return finished(model, prompts, max_new, **kw)
 
 
 @pytest.fixture(scope="module")
 def cold(tiny_path):
     """prompt -> its tokens computed from position 0 alone, on a model that keeps no checkpoints."""
-    model = Model(tiny_path, n_ctx=CTX, backend="cpu", checkpoints=0)
-    memo = {}
-
-    def get(prompt, max_new=12):
-        key = (tuple(prompt), max_new)
-        if key not in memo:
-            (r,) = _run(model, [prompt], max_new, cache_prompt=False)
-            assert r.cached_tokens == 0
-            memo[key] = r.output
-        return memo[key]
-    return get
+    return cold_runs(tiny_path, CTX, 12)
 
 
 def _ids(seed, n):

@@ -14,10 +14,8 @@ from infr import synth
 from infr.cpu.backend import CPUBackend
 from infr.engine import Model
 from infr.kvpool import BLOCK_SIZE, BlockPool, window_span
-from infr.sampling import SamplingParams
-from infr.scheduler import Request
+from tests.engine_runs import cold_runs, finished
 
-GREEDY = SamplingParams(temperature=0.0)
 CTX = 256
 
 
@@ -30,26 +28,15 @@ def path(request, tmp_path_factory):
 
 
 def _run(model, prompts, max_new=8, **kw):
-    reqs = [model.engine.submit(Request(list(p), GREEDY, max_new=max_new, ignore_eos=True, **kw)) for p in prompts]
-    model.engine.run_until(lambda: all(r.done for r in reqs))
-    assert all(r.finish_reason == "length" for r in reqs), [r.error for r in reqs]
+    reqs = finished(model, prompts, max_new, ignore_eos=True, **kw)
+    assert all(r.finish_reason == "length" for r in reqs), [r.finish_reason for r in reqs]
     return reqs
 
 
 @pytest.fixture(scope="module")
 def cold(path):
     """prompt -> its greedy tokens computed from position 0, no prefix cache, no checkpoints."""
-    model = Model(path, n_ctx=CTX, backend="cpu", checkpoints=0)
-    memo = {}
-
-    def get(prompt, max_new=8):
-        key = (tuple(prompt), max_new)
-        if key not in memo:
-            (r,) = _run(model, [prompt], max_new, cache_prompt=False)
-            assert r.cached_tokens == 0
-            memo[key] = r.output
-        return memo[key]
-    return get
+    return cold_runs(path, CTX, 8, ignore_eos=True)
 
 
 def _ids(seed, n):
