@@ -13,7 +13,8 @@
 //   beta' = sigmoid(beta), g = softplus(alpha + dt_bias) * a (<= 0: a = -exp(A_log)).
 // Prompt batches (PRE) take q and k normalised by deltanet_qknorm.wgsl, a parallel pass over
 // every row, so a row costs two barriers here instead of a dozen (decode keeps the sums here:
-// one dispatch fewer). Invocation tid holds column b * WC + tid % WC (b = the workgroup's block) and rows
+// one dispatch fewer). A row's loads are issued a row ahead, and a row has one barrier of its own
+// (main). Invocation tid holds column b * WC + tid % WC (b = the workgroup's block) and rows
 // (tid / WC) * NI .. + NI. Dispatch (NB * H_v, max_seqs, 1).
 
 struct Params {
@@ -50,8 +51,8 @@ const FAST: bool = NI == 16u;  // q and k come normalised (deltanet_qknorm.wgsl:
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
 var<workgroup> red: array<vec2<f32>, WG>;
-var<workgroup> part_k: array<f32, WG>;
-var<workgroup> part_o: array<f32, WG>;
+var<workgroup> part_k: array<f32, 2u * WG>;  // two halves: rows alternate (main)
+var<workgroup> part_o: array<f32, 2u * WG>;
 
 // log(1 + y) accurate for small y (WGSL has no log1p): the rounding of 1 + y divided out.
 fn log1p_(y: f32) -> f32 {
@@ -98,6 +99,60 @@ fn normalise_qk(row: u32, kh: u32, k_off: u32, tid: u32) {
     workgroupBarrier();
 }
 
+// One row's inputs for an invocation: the raw gates and its column's v (gates: beta, alpha, v),
+// and (FAST and PRE) its rows of the normalised k and q. Loads past the batch are never made:
+// the caller clamps t.
+struct RowIn {
+    gates: vec3<f32>,
+    k0: vec4<f32>,
+    k1: vec4<f32>,
+    k2: vec4<f32>,
+    k3: vec4<f32>,
+    q0: vec4<f32>,
+    q1: vec4<f32>,
+    q2: vec4<f32>,
+    q3: vec4<f32>,
+}
+
+fn fetch(t: u32, h: u32, kh: u32, k_off: u32, i0: u32, j: u32) -> RowIn {
+    let H = params.h_v;
+    let row = t * params.conv_dim;
+    var x: RowIn;
+    x.gates = vec3<f32>(beta[t * H + h], alpha[t * H + h], u[row + 2u * k_off + h * DK + j]);
+    if (FAST && PRE) {
+        let kb = row + k_off + kh * DK + i0;
+        let qb = row + kh * DK + i0;
+        x.k0 = u4(kb);
+        x.k1 = u4(kb + 4u);
+        x.k2 = u4(kb + 8u);
+        x.k3 = u4(kb + 12u);
+        x.q0 = u4(qb);
+        x.q1 = u4(qb + 4u);
+        x.q2 = u4(qb + 8u);
+        x.q3 = u4(qb + 12u);
+    }
+    return x;
+}
+
+// An invocation's NI rows of row t's normalised k (off = k_off) or q (off = 0) (PRE, not FAST).
+fn fetch_k(t: u32, kh: u32, off: u32, i0: u32) -> array<f32, NI> {
+    var x: array<f32, NI>;
+    let b = t * params.conv_dim + off + kh * DK + i0;
+    for (var i = 0u; i < NI; i++) {
+        x[i] = u[b + i];
+    }
+    return x;
+}
+
+// Row t's output at column j: the R partial sums of its column in part_o's half at `half`.
+fn write_out(t: u32, h: u32, j: u32, c: u32, half: u32) {
+    var ot = 0.0;
+    for (var q = 0u; q < R; q++) {
+        ot += part_o[half + q * WC + c];
+    }
+    o[t * params.h_v * DK + h * DK + j] = ot * params.scale;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let h = wid.x / NB;
@@ -121,133 +176,150 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var S3 = vec4<f32>(0.0);
     var loaded = false;
     let n = live[1];
+    // Row t + 1's inputs are loaded while row t computes (software pipelining): a row's math is
+    // short, so a row cost the latency of its loads (the slot tag, then the gates, v, k and q)
+    // plus its barriers. `cur` holds row t's, `nxt` row t + 1's (the last row again at the end).
+    var cur_pos = rows[0];
+    var cur_slot = rows[1];
+    var cur = fetch(0u, h, kh, k_off, i0, j);
+    var cur_k: array<f32, NI>;
+    var cur_q: array<f32, NI>;
+    if (PRE && !FAST) {
+        cur_k = fetch_k(0u, kh, k_off, i0);
+        cur_q = fetch_k(0u, kh, 0u, i0);
+    }
+    // One barrier a row: part_k and part_o alternate between two halves (par), and a row's
+    // output is summed and written after the next row's barrier (pend_t), when every part_o of it
+    // is in. A half is rewritten two rows later, past a barrier every reader of it has reached.
+    var par = 0u;
+    var pend = false;
+    var pend_t = 0u;
     for (var t = 0u; t < n; t++) {
-        if (rows[2u * t + 1u] != slot) {
-            continue;
+        let tn = min(t + 1u, n - 1u);
+        let nxt_pos = rows[2u * tn];
+        let nxt_slot = rows[2u * tn + 1u];
+        let nxt = fetch(tn, h, kh, k_off, i0, j);
+        var nxt_k: array<f32, NI>;
+        var nxt_q: array<f32, NI>;
+        if (PRE && !FAST) {
+            nxt_k = fetch_k(tn, kh, k_off, i0);
+            nxt_q = fetch_k(tn, kh, 0u, i0);
         }
-        let p = rows[2u * t];
-        if (p == 0u) {
-            for (var i = 0u; i < NI; i++) {
-                S[i] = 0.0;
+        if (cur_slot == slot) {
+            if (cur_pos == 0u) {
+                for (var i = 0u; i < NI; i++) {
+                    S[i] = 0.0;
+                }
+                S0 = vec4<f32>(0.0);
+                S1 = S0;
+                S2 = S0;
+                S3 = S0;
+            } else if (!loaded) {
+                if (FAST) {
+                    let sj = sb + i0 * DK + j;
+                    S0 = state4(sj);
+                    S1 = state4(sj + 4u * DK);
+                    S2 = state4(sj + 8u * DK);
+                    S3 = state4(sj + 12u * DK);
+                } else {
+                    for (var i = 0u; i < NI; i++) {
+                        S[i] = rstate[sb + (i0 + i) * DK + j];
+                    }
+                }
             }
-            S0 = vec4<f32>(0.0);
-            S1 = S0;
-            S2 = S0;
-            S3 = S0;
-        } else if (!loaded) {
+            loaded = true;
+            let b = 1.0 / (1.0 + exp(-cur.gates.x));
+            let x = cur.gates.y + dt_bias;
+            var sp = x;  // ggml's softplus: x itself above 20
+            if (x <= 20.0) {
+                sp = log1p_(exp(x));
+            }
+            let decay = exp(sp * a);
+            let v = cur.gates.z;
+            let pk = par * WG;
+            var kr: array<f32, NI>;  // this invocation's rows of the normalised k and q
+            var qr: array<f32, NI>;
+            var k0 = cur.k0;
+            var k1 = cur.k1;
+            var k2 = cur.k2;
+            var k3 = cur.k3;
+            var q0 = cur.q0;
+            var q1 = cur.q1;
+            var q2 = cur.q2;
+            var q3 = cur.q3;
+            if (!PRE) {  // decode: q and k normalised here (one dispatch fewer)
+                normalise_qk(t * params.conv_dim, kh, k_off, tid);
+                if (FAST) {
+                    k0 = vec4<f32>(ks[i0], ks[i0 + 1u], ks[i0 + 2u], ks[i0 + 3u]);
+                    k1 = vec4<f32>(ks[i0 + 4u], ks[i0 + 5u], ks[i0 + 6u], ks[i0 + 7u]);
+                    k2 = vec4<f32>(ks[i0 + 8u], ks[i0 + 9u], ks[i0 + 10u], ks[i0 + 11u]);
+                    k3 = vec4<f32>(ks[i0 + 12u], ks[i0 + 13u], ks[i0 + 14u], ks[i0 + 15u]);
+                    q0 = vec4<f32>(qs[i0], qs[i0 + 1u], qs[i0 + 2u], qs[i0 + 3u]);
+                    q1 = vec4<f32>(qs[i0 + 4u], qs[i0 + 5u], qs[i0 + 6u], qs[i0 + 7u]);
+                    q2 = vec4<f32>(qs[i0 + 8u], qs[i0 + 9u], qs[i0 + 10u], qs[i0 + 11u]);
+                    q3 = vec4<f32>(qs[i0 + 12u], qs[i0 + 13u], qs[i0 + 14u], qs[i0 + 15u]);
+                } else {
+                    for (var i = 0u; i < NI; i++) {
+                        kr[i] = ks[i0 + i];
+                        qr[i] = qs[i0 + i];
+                    }
+                }
+            } else if (!FAST) {
+                kr = cur_k;
+                qr = cur_q;
+            }
             if (FAST) {
-                let sj = sb + i0 * DK + j;
-                S0 = state4(sj);
-                S1 = state4(sj + 4u * DK);
-                S2 = state4(sj + 8u * DK);
-                S3 = state4(sj + 12u * DK);
+                S0 *= decay;
+                S1 *= decay;
+                S2 *= decay;
+                S3 *= decay;
+                part_k[pk + tid] = dot(S0, k0) + dot(S1, k1) + dot(S2, k2) + dot(S3, k3);
             } else {
+                var kS = 0.0;
                 for (var i = 0u; i < NI; i++) {
-                    S[i] = rstate[sb + (i0 + i) * DK + j];
+                    S[i] *= decay;
+                    kS += S[i] * kr[i];
                 }
+                part_k[pk + tid] = kS;
             }
-        }
-        loaded = true;
-        // the row's loads issued together (their latencies overlap); q and k of its K-head go
-        // into workgroup memory, with their sums of squares
-        let row = t * params.conv_dim;
-        let b = 1.0 / (1.0 + exp(-beta[t * H + h]));
-        let x = alpha[t * H + h] + dt_bias;
-        var sp = x;  // ggml's softplus: x itself above 20
-        if (x <= 20.0) {
-            sp = log1p_(exp(x));
-        }
-        let decay = exp(sp * a);
-        let v = u[row + 2u * k_off + h * DK + j];
-        var kr: array<f32, NI>;  // this invocation's rows of the normalised k and q
-        var qr: array<f32, NI>;
-        if (FAST) {
-            var k0: vec4<f32>;
-            var k1: vec4<f32>;
-            var k2: vec4<f32>;
-            var k3: vec4<f32>;
-            var q0: vec4<f32>;
-            var q1: vec4<f32>;
-            var q2: vec4<f32>;
-            var q3: vec4<f32>;
-            if (PRE) {
-                let kb = row + k_off + kh * DK + i0;
-                let qb = row + kh * DK + i0;
-                k0 = u4(kb);
-                k1 = u4(kb + 4u);
-                k2 = u4(kb + 8u);
-                k3 = u4(kb + 12u);
-                q0 = u4(qb);
-                q1 = u4(qb + 4u);
-                q2 = u4(qb + 8u);
-                q3 = u4(qb + 12u);
-            } else {
-                normalise_qk(row, kh, k_off, tid);
-                k0 = vec4<f32>(ks[i0], ks[i0 + 1u], ks[i0 + 2u], ks[i0 + 3u]);
-                k1 = vec4<f32>(ks[i0 + 4u], ks[i0 + 5u], ks[i0 + 6u], ks[i0 + 7u]);
-                k2 = vec4<f32>(ks[i0 + 8u], ks[i0 + 9u], ks[i0 + 10u], ks[i0 + 11u]);
-                k3 = vec4<f32>(ks[i0 + 12u], ks[i0 + 13u], ks[i0 + 14u], ks[i0 + 15u]);
-                q0 = vec4<f32>(qs[i0], qs[i0 + 1u], qs[i0 + 2u], qs[i0 + 3u]);
-                q1 = vec4<f32>(qs[i0 + 4u], qs[i0 + 5u], qs[i0 + 6u], qs[i0 + 7u]);
-                q2 = vec4<f32>(qs[i0 + 8u], qs[i0 + 9u], qs[i0 + 10u], qs[i0 + 11u]);
-                q3 = vec4<f32>(qs[i0 + 12u], qs[i0 + 13u], qs[i0 + 14u], qs[i0 + 15u]);
-            }
-            S0 *= decay;
-            S1 *= decay;
-            S2 *= decay;
-            S3 *= decay;
-            part_k[tid] = dot(S0, k0) + dot(S1, k1) + dot(S2, k2) + dot(S3, k3);
             workgroupBarrier();
-            var kS4 = 0.0;
-            for (var q = 0u; q < R; q++) {
-                kS4 += part_k[q * WC + c];
-            }
-            let d4 = b * (v - kS4);
-            S0 += k0 * d4;
-            S1 += k1 * d4;
-            S2 += k2 * d4;
-            S3 += k3 * d4;
-            part_o[tid] = dot(S0, q0) + dot(S1, q1) + dot(S2, q2) + dot(S3, q3);
-        } else {
-            if (PRE) {  // deltanet_qknorm normalised them in u: no reduction, no barrier
-                for (var i = 0u; i < NI; i++) {
-                    kr[i] = u[row + k_off + kh * DK + i0 + i];
-                    qr[i] = u[row + kh * DK + i0 + i];
-                }
-            } else {
-                normalise_qk(row, kh, k_off, tid);
-                for (var i = 0u; i < NI; i++) {
-                    kr[i] = ks[i0 + i];
-                    qr[i] = qs[i0 + i];
-                }
+            if (pend && r == 0u && on) {
+                write_out(pend_t, h, j, c, (par ^ 1u) * WG);
             }
             var kS = 0.0;
-            for (var i = 0u; i < NI; i++) {
-                S[i] *= decay;
-                kS += S[i] * kr[i];
-            }
-            part_k[tid] = kS;
-            workgroupBarrier();
-            kS = 0.0;
             for (var q = 0u; q < R; q++) {
-                kS += part_k[q * WC + c];
+                kS += part_k[pk + q * WC + c];
             }
             let delta = b * (v - kS);
-            var ov = 0.0;
-            for (var i = 0u; i < NI; i++) {
-                S[i] += kr[i] * delta;
-                ov += S[i] * qr[i];
+            if (FAST) {
+                S0 += k0 * delta;
+                S1 += k1 * delta;
+                S2 += k2 * delta;
+                S3 += k3 * delta;
+                part_o[pk + tid] = dot(S0, q0) + dot(S1, q1) + dot(S2, q2) + dot(S3, q3);
+            } else {
+                var ov = 0.0;
+                for (var i = 0u; i < NI; i++) {
+                    S[i] += kr[i] * delta;
+                    ov += S[i] * qr[i];
+                }
+                part_o[pk + tid] = ov;
             }
-            part_o[tid] = ov;
+            pend = true;
+            pend_t = t;
+            par ^= 1u;
         }
-        workgroupBarrier();  // also: every read of qs, ks, red[0] and part_k is done before the next row
-        if (r == 0u && on) {
-            var ot = 0.0;
-            for (var q = 0u; q < R; q++) {
-                ot += part_o[q * WC + c];
-            }
-            o[t * H * DK + h * DK + j] = ot * params.scale;
+        cur_pos = nxt_pos;
+        cur_slot = nxt_slot;
+        cur = nxt;
+        if (PRE && !FAST) {
+            cur_k = nxt_k;
+            cur_q = nxt_q;
         }
+    }
+    workgroupBarrier();
+    if (pend && r == 0u && on) {
+        write_out(pend_t, h, j, c, (par ^ 1u) * WG);
     }
     if (loaded && on) {
         if (FAST) {
