@@ -2,8 +2,10 @@
 
 Kinds: "qkv" (two or three matmuls of one input: one GEMV over stacked rows),
 "gate_up" (the gate and up matmuls and their activation), "rope_store" (rope of
-q and k, then the KV store of that k), "residual" (a matmul and the add of its
-output into the stream) and "op" (one op alone). The groups are part of the plan,
+q and k, then the KV store of that k), "norm_rope_store" (a rope_store with the
+per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
+"residual" (a matmul or MoE and the add of its output into the stream) and "op" (one op
+alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -14,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infr.ops import Add, GatedAct, MatMul, Op, Rope, StoreKV
+from infr.ops import Add, GatedAct, MatMul, MoE, Op, RMSNorm, Rope, StoreKV
 
 
 @dataclass(frozen=True)
 class Group:
-    kind: str  # qkv | gate_up | rope_store | residual | op
+    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | op
     ops: tuple[Op, ...]
 
 
@@ -30,10 +32,13 @@ def groups(ops) -> tuple[Group, ...]:
     i = 0
     while i < len(ops):
         run = _stack_run(ops, i)
+        nrs = _norm_rope_store(ops, i)
         if is_gate_up(ops[i : i + 3]):
             g = Group("gate_up", tuple(ops[i : i + 3]))
         elif run:
             g = Group("qkv", tuple(run))
+        elif nrs:
+            g = Group("norm_rope_store", tuple(nrs))
         elif is_rope_store(ops[i : i + 3]):
             g = Group("rope_store", tuple(ops[i : i + 3]))
         elif i + 1 < len(ops) and is_residual(ops[i], ops[i + 1]):
@@ -81,10 +86,46 @@ def is_rope_store(ops) -> bool:
     )
 
 
+def _head_norms(ops, i: int) -> list[RMSNorm]:
+    """The in-place per-head RMSNorms from ops[i] on (at most three: q, k, v), one eps."""
+    run: list[RMSNorm] = []
+    for op in ops[i : i + 3]:
+        if not (isinstance(op, RMSNorm) and op.dst == op.src and op.group) or any(op.dst == n.dst for n in run):
+            break
+        if run and op.eps != run[0].eps:
+            break
+        run.append(op)
+    return run
+
+
+def _norm_rope_store(ops, i: int) -> list[Op]:
+    """Per-head RMSNorms of q, k or v, then rope(q), rope(k) and the store (gemma, qwen3),
+    or rope(q), rope(k), the norms, then the store (llama4's norm after rope); [] if neither."""
+    before = _head_norms(ops, i)
+    if before and is_rope_store(ops[i + len(before) : i + len(before) + 3]):
+        rq, rk, st = ops[i + len(before) : i + len(before) + 3]
+        if {n.dst for n in before} <= {rq.buf, rk.buf, st.v}:
+            return ops[i : i + len(before) + 3]
+    if len(ops) > i + 2 and isinstance(ops[i], Rope):
+        after = _head_norms(ops, i + 2)
+        run = ops[i : i + 2] + after + ops[i + 2 + len(after) : i + 3 + len(after)]
+        if after and is_rope_store(run[:2] + run[-1:]) and {n.dst for n in after} <= {run[0].buf, run[1].buf}:
+            return run
+    return []
+
+
+def split_norm_rope_store(ops) -> tuple[list[RMSNorm], bool, tuple[Rope, Rope, StoreKV]]:
+    """A norm_rope_store group's (norms, whether they come after the ropes, (rope q, rope k, store))."""
+    ops = list(ops)
+    if isinstance(ops[0], Rope):
+        return ops[2:-1], True, (ops[0], ops[1], ops[-1])
+    return ops[:-3], False, tuple(ops[-3:])
+
+
 def is_residual(op, nxt) -> bool:
-    """MatMul(o) then Add(x, x, o): the plan's residual adds. The matmul's own
+    """MatMul(o) or MoE(o), then Add(x, x, o): the plan's residual adds. The op's own
     output is read by that Add alone (the plan builder writes it so)."""
     return (
-        isinstance(op, MatMul) and isinstance(nxt, Add) and nxt.dst != op.dst
+        isinstance(op, (MatMul, MoE)) and isinstance(nxt, Add) and nxt.dst != op.dst
         and {nxt.a, nxt.b} == {nxt.dst, op.dst}
     )

@@ -2,7 +2,7 @@
 body into runs without losing or reordering an op, and each layer's runs are the
 ones its family fuses on the GPU (q|k|v stacked, rope + KV store, gate||up, the
 residual adds folded into the matmuls before them; Gemma-3's post-norms keep its
-residual adds apart)."""
+residual adds apart, and its QK-norms join rope + KV store)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from infr.ops import MatMul
 from infr.plan import build_plan
 
 LLAMA_LAYER = ["op:RMSNorm", "qkv", "rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
-GEMMA3_LAYER = ["op:RMSNorm", "qkv", "op:RMSNorm", "op:RMSNorm", "rope_store", "op:Attention", "op:MatMul",
+GEMMA3_LAYER = ["op:RMSNorm", "qkv", "norm_rope_store", "op:Attention", "op:MatMul",
                 "op:RMSNorm", "op:Add", "op:RMSNorm", "gate_up", "op:MatMul", "op:RMSNorm", "op:Add"]
 LAYERS = {"smollm2_path": LLAMA_LAYER, "qwen_coder_path": LLAMA_LAYER, "gemma3_path": GEMMA3_LAYER}
 
@@ -50,6 +50,29 @@ def test_groups_of_a_short_list():
            MatMul("o", "a", "wd"), Add("x", "x", "o"), MatMul("p", "x", "w1"), MatMul("r", "p", "w2")]
     assert [g.kind for g in fusion.groups(ops)] == ["gate_up", "residual", "op", "op"]
     assert [g.kind for g in fusion.groups(ops[:2])] == ["qkv"]
+
+
+def test_norm_rope_store_groups():
+    """Per-head in-place norms of q, k or v before rope(q), rope(k), store (gemma, qwen3), or
+    between the ropes and the store (llama4) join them; a norm of another buffer, a whole-row norm
+    or a norm with its own output does not."""
+    from infr.models.spec import RopeSpec, RopeStyle
+    from infr.ops import RMSNorm, Rope, StoreKV
+
+    r = RopeSpec(RopeStyle.NEOX, 1e4, 8, 1.0)
+    rq, rk, st = Rope("q", 4, 8, r), Rope("k", 2, 8, r), StoreKV(0, "k", "v")
+    nq, nk, nv = RMSNorm("q", "q", "wq", 1e-6, 8), RMSNorm("k", "k", "wk", 1e-6, 8), RMSNorm("v", "v", None, 1e-6, 8)
+    assert [g.kind for g in fusion.groups([nv, nq, nk, rq, rk, st])] == ["norm_rope_store"]
+    assert [g.kind for g in fusion.groups([rq, rk, nq, nk, st])] == ["norm_rope_store"]
+    norms, after, triple = fusion.split_norm_rope_store(fusion.groups([rq, rk, nq, nk, st])[0].ops)
+    assert after and norms == [nq, nk] and triple == (rq, rk, st)
+    assert [g.kind for g in fusion.groups([nq, nk, rq, rk, st])][0] == "norm_rope_store"
+    other = RMSNorm("h", "h", "w", 1e-6, 8)  # not q, k or v of the store
+    assert [g.kind for g in fusion.groups([other, rq, rk, st])] == ["op", "rope_store"]
+    whole = RMSNorm("q", "q", "wq", 1e-6)  # no group: a row norm, not per head
+    assert [g.kind for g in fusion.groups([whole, rq, rk, st])] == ["op", "rope_store"]
+    moved = RMSNorm("q2", "q", "wq", 1e-6, 8)  # writes elsewhere: the rope reads q, not q2
+    assert [g.kind for g in fusion.groups([moved, rq, rk, st])] == ["op", "rope_store"]
 
 
 @pytest.mark.parametrize("fixture", list(LAYERS))

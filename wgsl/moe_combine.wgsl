@@ -1,7 +1,8 @@
 // The rows around the expert GEMVs (kernels_moe). Pair a = t * n_used + s is token t's s-th
 // expert; wts[a] its router weight.
 // combine: dst[t] = sum over s, in selection order, of src[a] * wts[a] (src[a] alone when
-//   the weight was applied before the expert): the experts' sum, as the CPU reference adds it.
+//   the weight was applied before the expert): the experts' sum, as the CPU reference adds it;
+//   with `resid`, resid[t] + that sum (the residual add after the MoE: one dispatch fewer).
 // scale_rows: dst[a] = src[t] * wts[a]: llama4's input scaled by the weight before the expert.
 // dispatch (ceil(D / 256), rows, 1): rows = T (combine) or T * n_used (scale_rows) = params.T.
 
@@ -10,12 +11,14 @@ struct Params {
     K: u32,         // n_used
     T: u32,         // output rows
     weighted: u32,  // combine: multiply by wts
+    resid: u32,     // combine: add the sum to resid's row
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> wts: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(4) var<storage, read> resid: array<f32>;  // combine only
 
 @compute @workgroup_size(256)
 fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -32,6 +35,9 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
             v = v * wts[a];
         }
         acc += v;
+    }
+    if (params.resid != 0u) {
+        acc = resid[t * params.D + c] + acc;
     }
     dst[t * params.D + c] = acc;
 }

@@ -9,6 +9,12 @@
 // dims >= n_rot are copied. A row is rotated into workgroup memory first, then
 // written back, because a dim's partner may belong to another invocation.
 // head_dim and v_head_dim are even, head_dim <= MAX_D.
+//
+// QK-norm families fuse their per-head RMSNorms here too (fusion.py's norm_rope_store): NQ, NK,
+// NV normalise q, k, v heads (weights qn, kn, vn; the plan's weightless norms bind ones), before
+// the rotation, or after it with AFTER (llama4). The sum of squares is rmsnorm.wgsl's, pair for
+// pair (a 256-wide tree), so a fused norm gives the same floats as the rmsnorm dispatch it
+// replaces; the normalised rows are written back in place as the unfused ops leave them.
 
 struct Params {
     n_heads: u32,
@@ -20,31 +26,42 @@ struct Params {
     freq_scale: f32,
     has_factors: u32,
     blocks_per_seq: u32,
+    eps: f32,  // the norms' (NQ, NK, NV)
 }
 
 const WG: u32 = 64u;
 const MAX_D: u32 = 512u;
+const PER: u32 = MAX_D / WG;  // dims an invocation rotates at most
+const NORM_WG: u32 = 256u;  // rmsnorm.wgsl's workgroup: the sum order the fused norms keep
 const norm: u32 = 0u;
 const neox: u32 = 1u;
 const STYLE: u32 = {{STYLE}};
+const NQ: bool = {{NQ}};
+const NK: bool = {{NK}};
+const NV: bool = {{NV}};
+const AFTER: bool = {{AFTER}};
 
 // #include rope_common
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kcache: array<u32>;
 @group(0) @binding(5) var<storage, read_write> vcache: array<u32>;
 @group(0) @binding(6) var<storage, read> factors: array<f32>;
 @group(0) @binding(7) var<storage, read> state: array<u32>;
 @group(0) @binding(8) var<storage, read> rows: array<u32>;
 @group(0) @binding(9) var<storage, read> block_table: array<u32>;
+@group(0) @binding(10) var<storage, read> qn: array<f32>;
+@group(0) @binding(11) var<storage, read> kn: array<f32>;
+@group(0) @binding(12) var<storage, read> vn: array<f32>;
 
 // #include paging
 // #include f16_bits
 
 var<workgroup> row: array<f32, MAX_D>;
+var<workgroup> red: array<f32, NORM_WG>;
 
 // Dim d's pair index i, its partner dim, and whether d is the pair's first element.
 fn pair_of(d: u32) -> vec3<u32> {
@@ -75,6 +92,99 @@ fn rotated(d: u32, own: f32, other: f32, pos: f32) -> f32 {
     return other * cs.y + own * cs.x;      // a * s + b * c
 }
 
+// which: 0 q, 1 k, 2 v (WGSL passes no pointers to storage: the buffer is picked here).
+fn load_row(which: u32, base: u32, n: u32, tid: u32) {
+    for (var d = tid; d < n; d += WG) {
+        if (which == 0u) {
+            row[d] = q[base + d];
+        } else if (which == 1u) {
+            row[d] = k[base + d];
+        } else {
+            row[d] = v[base + d];
+        }
+    }
+}
+
+fn store_row(which: u32, base: u32, n: u32, tid: u32) {
+    for (var d = tid; d < n; d += WG) {
+        if (which == 0u) {
+            q[base + d] = row[d];
+        } else if (which == 1u) {
+            k[base + d] = row[d];
+        } else {
+            v[base + d] = row[d];
+        }
+    }
+}
+
+// row[0 .. n] RMS-normalised times the weight of `which`: rmsnorm.wgsl's sums (invocation i of
+// its 256 summing i, i + 256, ..., then its tree), so the same inv. Uniform control flow.
+fn norm_row(which: u32, n: u32, tid: u32) {
+    for (var i = tid; i < NORM_WG; i += WG) {
+        var s = 0.0;
+        for (var d = i; d < n; d += NORM_WG) {
+            s += row[d] * row[d];
+        }
+        red[i] = s;
+    }
+    workgroupBarrier();
+    for (var stride = NORM_WG / 2u; stride > 0u; stride /= 2u) {
+        for (var i = tid; i < stride; i += WG) {
+            red[i] += red[i + stride];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(n) + params.eps);
+    for (var d = tid; d < n; d += WG) {
+        var w: f32;
+        if (which == 0u) {
+            w = qn[d];
+        } else if (which == 1u) {
+            w = kn[d];
+        } else {
+            w = vn[d];
+        }
+        row[d] = row[d] * inv * w;
+    }
+    workgroupBarrier();  // row complete, and red[0] read before anyone sums again
+}
+
+// row[0 .. n_rot] rotated at pos (dims past n_rot kept). Uniform control flow.
+fn rotate_row(n: u32, pos: f32, tid: u32) {
+    var r: array<f32, PER>;
+    for (var m = 0u; m < PER; m++) {
+        let d = tid + m * WG;
+        if (d < n) {
+            r[m] = row[d];
+            if (d < params.n_rot) {
+                r[m] = rotated(d, row[d], row[pair_of(d).y], pos);
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var m = 0u; m < PER; m++) {
+        let d = tid + m * WG;
+        if (d < n) {
+            row[d] = r[m];
+        }
+    }
+    workgroupBarrier();
+}
+
+// A q or k head's row: loaded, normalised (nrm) before or after the rotation, rotated.
+fn head_row(which: u32, base: u32, nrm: bool, pos: f32, tid: u32) {
+    let hd = params.head_dim;
+    load_row(which, base, hd, tid);
+    workgroupBarrier();
+    if (nrm && !AFTER) {
+        norm_row(which, hd, tid);
+    }
+    rotate_row(hd, pos, tid);
+    if (nrm && AFTER) {
+        norm_row(which, hd, tid);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let t = wid.y;
@@ -85,38 +195,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let pos = f32(rows[2u * t]);
     if (wid.x < params.n_heads) {
         let base = (t * params.n_heads + wid.x) * hd;
-        for (var d = tid; d < hd; d += WG) {
-            var r = q[base + d];
-            if (d < params.n_rot) {
-                r = rotated(d, r, q[base + pair_of(d).y], pos);
-            }
-            row[d] = r;
-        }
-        workgroupBarrier();
-        for (var d = tid; d < hd; d += WG) {
-            q[base + d] = row[d];
-        }
+        head_row(0u, base, NQ, pos, tid);
+        store_row(0u, base, hd, tid);
         return;
     }
     let h = wid.x - params.n_heads;
     let base = (t * params.kv_heads + h) * hd;
-    for (var d = tid; d < hd; d += WG) {
-        var r = k[base + d];
-        if (d < params.n_rot) {
-            r = rotated(d, r, k[base + pair_of(d).y], pos);
-        }
-        row[d] = r;
-    }
-    workgroupBarrier();
+    head_row(1u, base, NK, pos, tid);
     let crow = cache_row(rows[2u * t + 1u] * params.blocks_per_seq, rows[2u * t]) * params.kv_heads + h;
-    for (var d = tid; d < hd; d += WG) {
-        k[base + d] = row[d];
-    }
+    store_row(1u, base, hd, tid);
     for (var j = tid; j < hd / 2u; j += WG) {
         kcache[crow * (hd / 2u) + j] = pack_f16(row[2u * j], row[2u * j + 1u]);
     }
-    let vw = params.v_head_dim / 2u;
-    let vbase = (t * params.kv_heads + h) * params.v_head_dim;
+    let vd = params.v_head_dim;
+    let vw = vd / 2u;
+    let vbase = (t * params.kv_heads + h) * vd;
+    if (NV) {
+        workgroupBarrier();  // k's row read out before v's goes in
+        load_row(2u, vbase, vd, tid);
+        workgroupBarrier();
+        norm_row(2u, vd, tid);
+        store_row(2u, vbase, vd, tid);
+        for (var j = tid; j < vw; j += WG) {
+            vcache[crow * vw + j] = pack_f16(row[2u * j], row[2u * j + 1u]);
+        }
+        return;
+    }
     for (var j = tid; j < vw; j += WG) {
         vcache[crow * vw + j] = pack_f16(v[vbase + 2u * j], v[vbase + 2u * j + 1u]);
     }

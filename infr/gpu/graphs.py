@@ -102,20 +102,22 @@ class Graphs:
         i = 0  # the group's first op in `ops`
         for g in self.plan.groups:  # the runs the plan names for fusion (infr/fusion.py)
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
-            lower.ahead = ops[i + 1] if i + 1 < len(ops) else None
+            lower.ahead, lower.ahead2 = _next_two(ops, i)
             stack = tuple(m.weight for m in g.ops) if g.kind == "qkv" else None
             fused = lower.gate_up(*g.ops) if g.kind == "gate_up" else None
+            if g.kind == "norm_rope_store":  # QK-norms, rope(q), rope(k), kv store in one dispatch
+                fused = lower.norm_rope_store(g.ops)
             if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
                 body += lower.stacked(list(g.ops), stack)
-            elif fused is not None:  # act(Wg·h) * (Wu·h) in one dispatch
+            elif fused is not None:  # act(Wg·h) * (Wu·h) (or the norms and ropes) in one dispatch
                 body += fused
             elif g.kind == "rope_store":  # rope(q), rope(k), kv store in one dispatch
                 body += lower.rope_store(*g.ops)
-            elif g.kind == "residual":  # x = x + W·h in one dispatch
-                body += lower.matmul_residual(*g.ops)
+            elif g.kind == "residual":  # x = x + W·h in one dispatch (a MoE's in its combine)
+                body += lower.residual(*g.ops)
             else:  # one op, or a group no kernel fuses here: its ops one by one
                 for j, op in enumerate(g.ops):
-                    lower.ahead = ops[i + j + 1] if i + j + 1 < len(ops) else None
+                    lower.ahead, lower.ahead2 = _next_two(ops, i + j)
                     body += lower.op(op)
             i += len(g.ops)
         x_buf = lower.current("x")
@@ -125,7 +127,7 @@ class Graphs:
                 lower.rows = n_logits
                 lower.bind_external("x", self.tail)
             for j, op in enumerate(self.plan.head):
-                lower.ahead = self.plan.head[j + 1] if j + 1 < len(self.plan.head) else None
+                lower.ahead, lower.ahead2 = _next_two(self.plan.head, j)
                 head += lower.op(op)
         logits = lower.current("logits") if n_logits else None
         body, head = HM.recording(body), Recording(head)  # prepared once, re-encoded every call
@@ -138,3 +140,8 @@ class Graphs:
     def dispatches_per_token(self) -> int:
         body, head, _ = self._graph(1, 1)
         return len(body) + len(head)
+
+
+def _next_two(ops, i: int):
+    """The two plan ops after ops[i] (None past the end): what a norm's output feeds."""
+    return tuple(ops[j] if j < len(ops) else None for j in (i + 1, i + 2))

@@ -66,13 +66,24 @@ SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispat
 
 
 def pack_rope_kv(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int, theta: float,
-                 freq_scale: float, has_factors: bool, blocks_per_seq: int = 1) -> bytes:
+                 freq_scale: float, has_factors: bool, blocks_per_seq: int = 1, eps: float = 0.0) -> bytes:
     return KS._pack([
         ("n_heads", "u32", n_heads), ("kv_heads", "u32", kv_heads), ("head_dim", "u32", head_dim),
         ("v_head_dim", "u32", v_head_dim), ("n_rot", "u32", n_rot), ("theta", "f32", theta),
         ("freq_scale", "f32", freq_scale), ("has_factors", "u32", int(has_factors)),
-        ("blocks_per_seq", "u32", blocks_per_seq),
+        ("blocks_per_seq", "u32", blocks_per_seq), ("eps", "f32", eps),
     ])
+
+
+@dataclass(frozen=True)
+class HeadNorms:
+    """The per-head RMSNorms rope_kv applies too (fusion.py's norm_rope_store): each weight
+    buffer or None (that norm absent; a weightless norm passes ones), before or after the rotation."""
+    q: object = None
+    k: object = None
+    v: object = None
+    eps: float = 0.0
+    after: bool = False
 
 
 def chunk_size(n_ctx: int) -> int:
@@ -275,18 +286,28 @@ def attention_dispatches(
 def rope_kv_dispatch(
     kernels: Kernels, q, k, v, kcache, vcache, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, n_rot: int, theta: float, freq_scale: float, style: str, T: int, factors=None,
+    norms: HeadNorms | None = None,
 ) -> Dispatch:
     """RoPE on q and k (in place) at each row's position and the live rows' k, v
-    into the f16 caches at their cache rows (pg's block table), in one dispatch."""
+    into the f16 caches at their cache rows (pg's block table), in one dispatch;
+    with `norms`, the per-head RMSNorms of q, k, v too (in place, as the unfused ops)."""
     style = getattr(style, "value", style)
     if style not in ("norm", "neox"):
         raise ValueError(f"unknown rope style {style!r}")
-    if n_rot % 2 or n_rot > head_dim or head_dim % 2 or v_head_dim % 2 or head_dim > 512:
-        raise ValueError("rope_kv needs even n_rot <= head_dim <= 512 and even head dims")
-    pipe = kernels.pipeline("rope_kv", "main", STYLE=style, BS=pg.block_size)
+    if n_rot % 2 or n_rot > head_dim or head_dim % 2 or v_head_dim % 2 or max(head_dim, v_head_dim) > 512:
+        raise ValueError("rope_kv needs even n_rot <= head_dim <= 512, even head dims and v_head_dim <= 512")
+    nm = norms or HeadNorms()
+    on = {"NQ": nm.q is not None, "NK": nm.k is not None, "NV": nm.v is not None}
+    pipe = kernels.pipeline("rope_kv", "main", STYLE=style, BS=pg.block_size, AFTER=_wgsl_bool(nm.after),
+                            **{key: _wgsl_bool(v) for key, v in on.items()})
     data = pack_rope_kv(n_heads, kv_heads, head_dim, v_head_dim, n_rot, theta, freq_scale, factors is not None,
-                        pg.blocks_per_seq)
+                        pg.blocks_per_seq, nm.eps)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="rope_kv.params", uniform=True)
     ff = factors if factors is not None else KS._dummy(kernels)
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, k, v, kcache, vcache, ff, pg.state, pg.rows, pg.table]),
+    ws = [w if w is not None else KS._dummy(kernels) for w in (nm.q, nm.k, nm.v)]
+    return Dispatch(pipe, kernels.bind(pipe, [p, q, k, v, kcache, vcache, ff, pg.state, pg.rows, pg.table, *ws]),
                     (n_heads + kv_heads, T, 1), f"rope_kv_{style}")
+
+
+def _wgsl_bool(b: bool) -> str:
+    return "true" if b else "false"

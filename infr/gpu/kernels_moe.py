@@ -32,7 +32,7 @@ from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.models.spec import Activation, Gating, MoESpec
-from infr.ops import MoE, SigmoidGate
+from infr.ops import Add, MoE, SigmoidGate
 
 ROUTE_MAX_E, ROUTE_MAX_K = 1024, 64  # moe_route.wgsl's MAX_E and its `picked` array
 COMBINE_WG = 256  # moe_combine.wgsl's
@@ -87,16 +87,28 @@ def route_dispatch(kernels: Kernels, logits, ids, wts, m: MoESpec, T: int) -> Di
                     f"moe_route {m.n_expert}x{m.n_used}")
 
 
-def _rows_dispatch(kernels: Kernels, entry: str, src, wts, dst, D: int, K: int, rows: int, weighted: bool) -> Dispatch:
+def _rows_dispatch(kernels: Kernels, entry: str, src, wts, dst, D: int, K: int, rows: int, weighted: bool,
+                  resid=None) -> Dispatch:
     pipe = kernels.pipeline("moe_combine", entry)
     p = KS._params(kernels, KS._pack([("D", "u32", D), ("K", "u32", K), ("T", "u32", rows),
-                                      ("weighted", "u32", int(weighted))]), None, f"moe_{entry}")
-    return Dispatch(pipe, kernels.bind(pipe, [p, src, wts, dst]), (-(-D // COMBINE_WG), rows, 1), f"moe_{entry} {D}")
+                                      ("weighted", "u32", int(weighted)), ("resid", "u32", int(resid is not None))]),
+                   None, f"moe_{entry}")
+    res = [p, src, wts, dst] + ([resid if resid is not None else KS._dummy(kernels)] if entry == "combine" else [])
+    return Dispatch(pipe, kernels.bind(pipe, res), (-(-D // COMBINE_WG), rows, 1), f"moe_{entry} {D}")
 
 
-def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weighted: bool) -> Dispatch:
-    """y[t] = sum_s ys[t * K + s] (* wts[t * K + s]), s in selection order."""
-    return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted)
+def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weighted: bool, resid=None) -> Dispatch:
+    """y[t] = sum_s ys[t * K + s] (* wts[t * K + s]), s in selection order (+ resid[t]: the residual add)."""
+    return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted, resid)
+
+
+def _output(lower, op: MoE, add: Add | None):
+    """(y, resid): the buffer the combine writes, and the residual stream it adds (None: no add).
+    With the plan's residual add fused (fusion.is_residual), the sum goes straight into x."""
+    if add is None:
+        return lower.target(op.dst, op.src), None
+    resid = lower.current(add.dst)
+    return lower.target(add.dst, add.dst), resid
 
 
 def scale_rows_dispatch(kernels: Kernels, x, wts, xs, D: int, K: int, T: int) -> Dispatch:
@@ -260,8 +272,18 @@ class Scratch:
         return buf
 
 
-def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
-    """The MoE op for the lowering's batch of T rows (module docstring)."""
+def reads_q8(be, op: MoE) -> bool:
+    """Whether moe_dispatches reads the op's input rounded to 8 bits (lower.q8_input): experts on the
+    GPU whose gate/up banks take the int8 GEMV, fed the rows themselves (not llama4's scaled copies)."""
+    if op.layer in be.host_moe or op.spec.weight_before:
+        return False
+    n_in = be.widths[op.src]
+    return any(KM.has_gemv(be.gf.tensor(b).qtype, n_in) for b in op.banks[:-1])
+
+
+def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
+    """The MoE op for the lowering's batch of T rows (module docstring); with `add`, the plan's
+    residual add after it too (x += the MoE's output, in the combine)."""
     be, k = lower.be, lower.k
     m, T = op.spec, lower.rows
     scratch = be.__dict__.setdefault("_moe_scratch", Scratch(be.dev))
@@ -295,7 +317,7 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
     act = scratch("act", 4 * A * H)
     fused = m.fused_gate_up
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
-        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks)
+        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add)
     qg, qu = up[0].qtype, up[-1].qtype
     if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])) \
             and not _table_act(m):
@@ -320,12 +342,13 @@ def moe_dispatches(lower, op: MoE) -> list[Dispatch]:
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
     if op.scales:  # gemma4: each pair's output times its expert's scale, before the router's weight
         ds.append(KG4.expert_scale_dispatch(k, ys, be.weights[op.scales][0], ids, n_in, A))
-    y = lower.target(op.dst, op.src)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
+    y, resid = _output(lower, op, add)
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid))
     return ds
 
 
-def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, tensors, chunks) -> list[Dispatch]:
+def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, tensors, chunks,
+                     add: Add | None) -> list[Dispatch]:
     """Gate||up and down of every pair as int8 GEMMs over the pairs grouped by expert, then the sum."""
     k, m, T = lower.k, op.spec, lower.rows
     n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
@@ -339,8 +362,8 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     d, aq = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
     ys = scratch("ys", 4 * A * n_in)
     ds += [d] + grouped_matmul(k, tensors[-1].qtype, H, n_in, chunks[-1], aq, ys, A, groups[tile_down.BT], tile_down)
-    y = lower.target(op.dst, op.src)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before))
+    y, resid = _output(lower, op, add)
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid))
     return ds
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infr import fusion
 from infr.gguf_file import GGUFFile
 from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
@@ -44,6 +45,7 @@ class Lowering:
         self.phys = {name: 0 for name in be.buffers}
         self.external: dict[str, object] = {}
         self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
+        self.ahead2 = None  # and the one after (a MoE's experts read the norm past its router)
         self.q8 = None  # (buffer, K, scratch): whose rounded rows the q8 scratch holds (kernels_q8)
 
     def current(self, name: str):
@@ -97,6 +99,15 @@ class Lowering:
             return KG.gemm_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid)
         pre, xq = self._gemv_q8(t, x, q8)
         return pre + KM.matmul_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid, xq=xq)
+
+    def residual(self, op: MatMul | MoE, add: Add) -> list[Dispatch]:
+        """A residual group: the matmul's kernel adds into x, or the MoE's combine does (its
+        experts on the host: the two ops alone)."""
+        if isinstance(op, MatMul):
+            return self.matmul_residual(op, add)
+        if op.layer in self.be.host_moe:
+            return self.op(op) + self.op(add)
+        return KMoE.moe_dispatches(self, op, add)
 
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be
@@ -156,14 +167,38 @@ class Lowering:
                                     rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, _style(r),
                                     self.rows, factors=factors)]
 
+    def norm_rope_store(self, ops) -> list[Dispatch]:
+        """A norm_rope_store group in one rope_kv dispatch (the norms fused); where a norm is not
+        one per head of its buffer, the norms one by one and the rope_store dispatch (or, norms
+        after the ropes, every op alone)."""
+        norms, after, (rq, rk, st) = fusion.split_norm_rope_store(ops)
+        be, r = self.be, rq.rope
+        a = be.plan.spec.layers[st.layer].attention
+        dims = {rq.buf: a.head_dim, rk.buf: a.head_dim, st.v: a.v_head_dim}
+        if any(n.group != dims[n.dst] for n in norms):
+            if after:
+                return [d for op in ops for d in self.op(op)]
+            return [d for op in norms for d in self.op(op)] + self.rope_store(rq, rk, st)
+        w = {n.dst: be.weights[n.weight][0] if n.weight else _ones(be, n.group) for n in norms}
+        hn = KA.HeadNorms(w.get(rq.buf), w.get(rk.buf), w.get(st.v), norms[0].eps, after)
+        factors = be.weights[r.freq_factors][0] if r.freq_factors else None
+        return [KA.rope_kv_dispatch(self.k, self.current(rq.buf), self.current(rk.buf), self.current(st.v),
+                                    be.k_cache[st.layer], be.v_cache[st.layer], be.kv.paging_of(st.layer), rq.n_heads,
+                                    rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, _style(r),
+                                    self.rows, factors=factors, norms=hn)]
+
     def _feeds_gemv_q8(self, name: str, width: int) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
-        the Q4_K GEMV: its producer then writes it rounded too."""
+        the Q4_K GEMV: its producer then writes it rounded too. A MoE counts past
+        its router (an f32 matmul of the same rows): its experts read them rounded."""
         nxt = self.ahead
-        return (
-            width % 256 == 0 and (not KG.use_gemm(self.rows, self.be.dev) or KMQ.use_mmq(self.rows, self.be.dev))
-            and isinstance(nxt, MatMul) and nxt.src == name and _reads_q8(self.be.gf.tensor(nxt.weight), nxt.q8)
-        )
+        if isinstance(nxt, MatMul) and nxt.src == name and not nxt.q8 and isinstance(self.ahead2, MoE):
+            nxt = self.ahead2
+        if width % 256 or (KG.use_gemm(self.rows, self.be.dev) and not KMQ.use_mmq(self.rows, self.be.dev)):
+            return False
+        if isinstance(nxt, MoE):
+            return nxt.src == name and KMoE.reads_q8(self.be, nxt)
+        return isinstance(nxt, MatMul) and nxt.src == name and _reads_q8(self.be.gf.tensor(nxt.weight), nxt.q8)
 
     def op(self, op) -> list[Dispatch]:
         be, T = self.be, self.rows

@@ -11,6 +11,7 @@ from infr.numerics import matmul_input
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.runtime import read, run, storage
 
+from closeness import assert_logits_close, rounds_activations
 from test_quant_kernels import make_weight  # tests/gpu is on sys.path (pytest's prepend import mode)
 
 
@@ -59,6 +60,30 @@ def test_plan_residual_adds_are_fused(smollm2_path, gemma3_path, gpu):
     # per layer: two residual adds into their matmuls, and rope(q), rope(k), kv_store as one rope_kv
     fused = 2 * plan.spec.n_layers + 2 * plan.spec.n_layers + stacked + 2 * pairs
     assert be.dispatches_per_token == unfused - fused + quant
+
+
+def test_qk_norms_are_fused_into_rope_kv(gemma3_path, gpu):
+    """Gemma 3's per-head q and k norms run inside rope_kv (fusion.py's norm_rope_store): a decode
+    step has no rmsnorm between the q|k|v GEMV and rope_kv, two dispatches fewer a layer, and the
+    step still gives the CPU reference's logits (the norms' floats are the rmsnorm kernel's:
+    tests/gpu/test_norm_rope_kv.py)."""
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    gf = open_gguf(gemma3_path)
+    plan = build_plan(build_spec(gf))
+    assert [g.kind for g in plan.groups].count("norm_rope_store") == plan.spec.n_layers
+    be = GPUBackend(gf, plan, 32, dev=gpu)
+    labels = [d.label.split()[0] for d in be._multi_step(1, False).dispatches]
+    ropes = [i for i, lb in enumerate(labels) if lb.startswith("rope_kv")]
+    assert len(ropes) == plan.spec.n_layers and all(labels[i - 1].startswith("gemv") for i in ropes), labels[:12]
+    prompt = [2, 651, 6037, 576, 6081, 603]
+    got, want = be.forward(prompt, 0, n_logits=1), CPUBackend(gf, plan, 32).forward(prompt, 0, n_logits=1)
+    assert int(np.argmax(got[-1])) == int(np.argmax(want[-1]))
+    assert_logits_close(got, want, rounds_activations(gf, plan))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu"])
@@ -125,3 +150,35 @@ def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
     first = int(np.argmax(got_logits))
     assert first == want[0]
     assert gpu_be.decode_greedy(first, len(prompt), 11) == want[1:]
+
+
+def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path):
+    """A qwen3moe layer of Q8_0 weights, 256 wide: the FFN norm writes its rows rounded too (the
+    experts' int8 GEMV reads them past the f32 router: no quantize of them) and the experts' sum
+    goes into the residual stream in the combine (no add dispatch): 12 dispatches a layer, not 15
+    — and the model still follows the CPU reference, prompt batch (grouped experts) and decode."""
+    from dataclasses import replace
+
+    from infr import synth
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+    from infr.synth_presets import PRESETS
+
+    from closeness import assert_gpu_follows_cpu
+
+    spec = replace(PRESETS["tiny-qwen3moe"], n_embd=256, n_heads=4, head_dim=64, n_ff=256, weight_type="Q8_0",
+                   name="tiny-qwen3moe-256")
+    gf = open_gguf(synth.write_gguf(spec, tmp_path / "moe256.gguf"))
+    plan = build_plan(build_spec(gf))
+    assert [g.kind for g in plan.groups].count("residual") == 2 * spec.n_layers  # attention's o and the MoE
+    g, c = GPUBackend(gf, plan, 128, dev=gpu), CPUBackend(gf, plan, 128)
+    full = [d.label for d in g._multi_step(1, False).dispatches]
+    labels = [lb.split()[0] for lb in full]
+    assert labels.count("moe_combine") == spec.n_layers and "add" not in labels, labels
+    assert f"quantize_q8 {spec.n_embd}" not in full, full  # only the experts' activations (64 wide) are quantized
+    assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1, labels  # attention, FFN, and the head's
+    prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
+    assert_gpu_follows_cpu(g, c, prompt, 6)
