@@ -30,6 +30,11 @@ from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
 PRE_ROWS = 16  # batches of this many rows normalise q and k in a pass of their own (rule_dispatches)
+# Batches of this many rows take the chunked rule (chunk_dispatches): ~T / CHUNK serial steps instead
+# of T, for three more dispatches; decode and short batches keep the token-serial rule.
+CHUNK_ROWS = 64
+CHUNK = 32  # rows a chunk (deltanet_chunk_intra.wgsl's C: its C x 32 tiles fit 16 KiB of workgroup memory)
+CHUNK_MAX_DK = 128  # deltanet_chunk_state.wgsl keeps a d_k x 16 block of S in workgroup memory
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
 
 
@@ -105,31 +110,82 @@ def qknorm_dispatch(kernels: Kernels, u, live, m: DeltaNetSpec, eps: float, T: i
     return Dispatch(pipe, kernels.bind(pipe, [p, live, u]), (2 * m.n_k_heads, T, 1), f"deltanet_qknorm {m.n_k_heads}x{m.d_k}")
 
 
+def chunk_scratch_sizes(m: DeltaNetSpec, n_slots: int, T: int) -> tuple[int, int]:
+    """Bytes of the chunked rule's scratch: cs (W, U [T, H_v, d_k], M [T, H_v, CHUNK], gamma [T, H_v])
+    and idx (each slot's row count, then its row ids)."""
+    return 4 * T * m.n_v_heads * (2 * m.d_k + CHUNK + 1), 4 * n_slots * (T + 1)
+
+
+def can_chunk(kernels: Kernels, m: DeltaNetSpec) -> bool:
+    return m.d_k <= CHUNK_MAX_DK and int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384)) >= 16384
+
+
+def chunk_dispatches(kernels: Kernels, u, beta, alpha, consts, live, rows, rstate, o, m: DeltaNetSpec,
+                     n_slots: int, T: int, scratch=None) -> list[Dispatch]:
+    """The chunked gated delta rule (wgsl/deltanet_chunk_*.wgsl; derivation: tests/test_deltanet_chunk.py)
+    into o, as the token-serial rule writes it, with the same state in rstate: each slot's rows indexed,
+    then every (chunk, V-head, slot)'s W, U and masked Q K^T in parallel, then per (V-head, column
+    block, slot) the chunks in order through the state. q and k must come normalised (qknorm_dispatch).
+    scratch: (cs, idx) of chunk_scratch_sizes' bytes (or more), else made here."""
+    if scratch is None:
+        scratch = tuple(storage(kernels.dev, n, label=f"deltanet.chunk.{name}")
+                        for n, name in zip(chunk_scratch_sizes(m, n_slots, T), ("cs", "idx")))
+    cs, idx = scratch
+    scale = float(np.float32(1.0 / np.sqrt(m.d_k)))
+    H = m.n_v_heads
+    ipipe = kernels.pipeline("deltanet_chunk_index", "main")
+    pi = KS._params(kernels, KS._pack([("cap", "u32", T), ("n_slots", "u32", n_slots)]), None, "deltanet_chunk_index")
+    index = Dispatch(ipipe, kernels.bind(ipipe, [pi, live, rows, idx]), (n_slots, 1, 1), f"deltanet_chunk_index {n_slots}")
+    apipe = kernels.pipeline("deltanet_chunk_intra", "main", DK=m.d_k)
+    pa = KS._params(kernels, KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", H), ("conv_dim", "u32", m.conv_dim),
+                                       ("cap", "u32", T), ("n_slots", "u32", n_slots), ("scale", "f32", scale)]),
+                    None, "deltanet_chunk_intra")
+    intra = Dispatch(apipe, kernels.bind(apipe, [pa, u, beta, alpha, consts, idx, cs]), (-(-T // CHUNK), H, n_slots),
+                     f"deltanet_chunk_intra {H}x{m.d_k}")
+    spipe = kernels.pipeline("deltanet_chunk_state", "main", DK=m.d_k)
+    ps = KS._params(kernels, KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", H), ("conv_dim", "u32", m.conv_dim),
+                                       ("cap", "u32", T), ("n_slots", "u32", n_slots),
+                                       ("slot_stride", "u32", m.state_floats),
+                                       ("s_base", "u32", (m.d_conv - 1) * m.conv_dim), ("scale", "f32", scale)]),
+                    None, "deltanet_chunk_state")
+    nb = -(-m.d_k // 16)  # deltanet_chunk_state.wgsl's WC
+    state = Dispatch(spipe, kernels.bind(spipe, [ps, u, idx, rows, cs, rstate, o]), (nb * H, n_slots, 1),
+                     f"deltanet_chunk_state {H}x{m.d_k}")
+    return [index, intra, state]
+
+
 def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
-                    eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None) -> list[Dispatch]:
+                    eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None, chunk: bool | None = None,
+                    scratch=None) -> list[Dispatch]:
     """dst [T, H_v * d_v] = the delta rule's output of each live row (into o, scratch of that size),
     then gated-RMSNormed times silu(z); with xq (KQ.scratch) dst also rounded to 8 bits there, for
     the output projection's int8 GEMV (KS.can_round_output). `pre` (default: T >= PRE_ROWS): q and k
-    normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen."""
+    normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen.
+    `chunk` (default: T >= CHUNK_ROWS where can_chunk): the chunked rule (chunk_dispatches, its
+    scratch) instead of the token-serial one."""
     check_spec(m)
     if T > 65535:
         raise UnsupportedError(f"the DeltaNet kernels take at most 65535 rows a pass, not {T}")
-    pre = T >= PRE_ROWS if pre is None else pre
-    lay = rule_layout(m.d_k)
-    pipe = kernels.pipeline("deltanet_rule", "main", PRE="true" if pre else "false", **lay)
-    data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
-                     ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
-                     ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
-    p = KS._params(kernels, data, None, "deltanet_rule")
-    nb = -(-m.d_k // lay["WC"])
-    rule = Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
-                    (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
+    chunk = T >= CHUNK_ROWS and can_chunk(kernels, m) if chunk is None else chunk
+    pre = chunk or (T >= PRE_ROWS if pre is None else pre)
+    if chunk:
+        rule = chunk_dispatches(kernels, u, beta, alpha, consts, live, rows, rstate, o, m, n_slots, T, scratch)
+    else:
+        lay = rule_layout(m.d_k)
+        pipe = kernels.pipeline("deltanet_rule", "main", PRE="true" if pre else "false", **lay)
+        data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
+                         ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
+                         ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
+        p = KS._params(kernels, data, None, "deltanet_rule")
+        nb = -(-m.d_k // lay["WC"])
+        rule = [Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
+                         (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")]
     npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, **KS.q8_out_consts(xq, m.n_v_heads, m.d_v, 6))
     pn = KS._params(kernels, KS._pack([("h_v", "u32", m.n_v_heads), ("eps", "f32", eps)]), None, "deltanet_norm")
     norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst] + ([xq] if xq is not None else [])),
                     (m.n_v_heads, T, 1),
                     f"deltanet_norm {m.n_v_heads}x{m.d_k}")
-    return ([qknorm_dispatch(kernels, u, live, m, eps, T)] if pre else []) + [rule, norm]
+    return ([qknorm_dispatch(kernels, u, live, m, eps, T)] if pre else []) + rule + [norm]
 
 
 class RecurrentStates:

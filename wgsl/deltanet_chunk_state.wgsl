@@ -1,0 +1,151 @@
+// The chunked gated delta rule, pass 2 of 2 (pass 1: deltanet_chunk_intra.wgsl, whose header has
+// the notation): each slot's chunks in order through the state, C rows a step instead of one.
+// Per chunk of n rows (gamma_l = gamma_{n-1}), with S the state entering it:
+//   D = U - W S;  o = (exp(gamma) * q) S scale + M D;  S <- exp(gamma_l) S + (exp(gamma_l - gamma) * K)^T D.
+// A V-head's d_k x d_v state is split over NB workgroups by columns (WC each). The block lives in
+// workgroup memory (read by every D row) and in registers (invocation tid updates column
+// tid % WC, rows tid / WC + (WG / WC) m). Three barriers a chunk. The state starts from zeros
+// where the slot's first row is at position 0, else from rstate, and goes back there at the end,
+// where deltanet_rule.wgsl keeps it. o [T, H_v * DK] as the rule writes it (deltanet_norm.wgsl
+// follows). Dispatch (NB * H_v, n_slots, 1).
+
+struct Params {
+    h_k: u32,
+    h_v: u32,
+    conv_dim: u32,
+    cap: u32,
+    n_slots: u32,
+    slot_stride: u32,
+    s_base: u32,  // where a slot's matrices start in its rstate floats (after the conv state)
+    scale: f32,
+}
+
+const DK: u32 = {{DK}}u;  // d_k = d_v <= 128 (the block: DK * WC floats)
+const C: u32 = 32u;  // deltanet_chunk_intra.wgsl's
+const WC: u32 = 16u;  // columns a workgroup
+const WG: u32 = 256u;
+const RS: u32 = WG / WC;  // row stride of an invocation's rows of S
+const NR: u32 = (DK + RS - 1u) / RS;  // rows of S an invocation
+const NB: u32 = (DK + WC - 1u) / WC;
+const CI: u32 = WG / WC;  // chunk rows an invocation's D / o rows are apart (2 rows each: C = 2 CI)
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> u: array<f32>;  // [T, conv_dim]: q | k | v, q and k normalised
+@group(0) @binding(2) var<storage, read> idx: array<u32>;
+@group(0) @binding(3) var<storage, read> rows: array<u32>;  // [2t] position, [2t + 1] slot
+@group(0) @binding(4) var<storage, read> cs: array<f32>;  // W | U | M | gamma (deltanet_chunk_intra)
+@group(0) @binding(5) var<storage, read_write> rstate: array<f32>;
+@group(0) @binding(6) var<storage, read_write> o: array<f32>;  // [T, H_v * DK]
+
+var<workgroup> ss: array<f32, DK * WC>;  // the state's block, [DK][WC]
+var<workgroup> dd: array<f32, C * WC>;  // D, [C][WC]
+var<workgroup> gm: array<f32, C>;
+var<workgroup> ed: array<f32, C>;  // exp(gamma_l - gamma_i)
+var<workgroup> rid: array<u32, C>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let h = wid.x / NB;
+    let slot = wid.y;
+    let H = params.h_v;
+    let kh = h % params.h_k;
+    let cnt = idx[slot];
+    if (cnt == 0u) {
+        return;
+    }
+    let cap = params.cap;
+    let c = tid % WC;
+    let col = (wid.x % NB) * WC + c;
+    let on = col < DK;
+    let jc = min(col, DK - 1u);
+    let kr = tid / WC;
+    let sb = slot * params.slot_stride + params.s_base + h * DK * DK;
+    let fresh = rows[2u * idx[params.n_slots + slot * cap]] == 0u;
+    var S: array<f32, NR>;
+    for (var m = 0u; m < NR; m++) {
+        let k = kr + m * RS;
+        var s = 0.0;
+        if (!fresh && on && k < DK) {
+            s = rstate[sb + k * DK + jc];
+        }
+        S[m] = s;
+        if (k < DK) {
+            ss[k * WC + c] = s;
+        }
+    }
+    let m_off = 2u * cap * H * DK;
+    let g_off = m_off + cap * H * C;
+    let q_base = kh * DK;
+    let k_base = params.h_k * DK + kh * DK;
+    for (var first = 0u; first < cnt; first += C) {
+        let nr = min(C, cnt - first);
+        if (tid < C) {
+            let t = idx[params.n_slots + slot * cap + first + min(tid, nr - 1u)];
+            rid[tid] = t;
+            gm[tid] = cs[g_off + t * H + h];
+        }
+        workgroupBarrier();  // also: the state's block written
+        let gl = gm[nr - 1u];
+        // D and q S for chunk rows i and i + CI
+        var d = vec2<f32>(0.0);
+        var qs = vec2<f32>(0.0);
+        let ia = kr;
+        let ib = kr + CI;
+        let ra = rid[ia];
+        let rb = rid[ib];
+        let wa = (ra * H + h) * DK;
+        let wb = (rb * H + h) * DK;
+        let qa = ra * params.conv_dim + q_base;
+        let qb = rb * params.conv_dim + q_base;
+        for (var k = 0u; k < DK; k++) {
+            let s = ss[k * WC + c];
+            d += vec2<f32>(cs[wa + k], cs[wb + k]) * s;
+            qs += vec2<f32>(u[qa + k], u[qb + k]) * s;
+        }
+        d = vec2<f32>(cs[cap * H * DK + wa + jc], cs[cap * H * DK + wb + jc]) - d;
+        dd[ia * WC + c] = select(0.0, d.x, ia < nr);
+        dd[ib * WC + c] = select(0.0, d.y, ib < nr);
+        if (tid < C) {
+            ed[tid] = exp(min(gl - gm[tid], 0.0));
+        }
+        workgroupBarrier();  // D and ed written; every read of ss done
+        // o = exp(gamma) q S scale + M D (M holds the scale and the causal mask)
+        var ov = vec2<f32>(exp(gm[ia]), exp(gm[ib])) * qs * params.scale;
+        let ma = m_off + (ra * H + h) * C;
+        let mb = m_off + (rb * H + h) * C;
+        for (var j = 0u; j < nr; j++) {
+            let dj = dd[j * WC + c];
+            ov += vec2<f32>(cs[ma + j], cs[mb + j]) * dj;
+        }
+        if (on) {
+            if (ia < nr) {
+                o[ra * H * DK + h * DK + col] = ov.x;
+            }
+            if (ib < nr) {
+                o[rb * H * DK + h * DK + col] = ov.y;
+            }
+        }
+        // S <- exp(gamma_l) S + (exp(gamma_l - gamma) K)^T D
+        let el = exp(gl);
+        for (var m = 0u; m < NR; m++) {
+            let k = min(kr + m * RS, DK - 1u);
+            var acc = 0.0;
+            for (var i = 0u; i < nr; i++) {
+                acc += u[rid[i] * params.conv_dim + k_base + k] * ed[i] * dd[i * WC + c];
+            }
+            S[m] = el * S[m] + acc;
+            if (kr + m * RS < DK) {
+                ss[k * WC + c] = S[m];
+            }
+        }
+        workgroupBarrier();  // the new block written; D, ed, gm and rid read
+    }
+    if (on) {
+        for (var m = 0u; m < NR; m++) {
+            let k = kr + m * RS;
+            if (k < DK) {
+                rstate[sb + k * DK + col] = S[m];
+            }
+        }
+    }
+}
