@@ -8,8 +8,9 @@ slot's rows in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.w
 conv with its state, silu; a thread per channel), wgsl/deltanet_rule.wgsl (the gates beta' and g,
 then the delta rule with S in registers; a V-head's columns split over workgroups per slot) and
 wgsl/deltanet_norm.wgsl (the gated RMSNorm times silu(z), and the rounded copy the output
-projection's int8 GEMV reads). The chunked form for long prompts is not written: the token-serial
-rule measured fast enough at 512 tokens (perf/h200/compare-qwen35-4b-*).
+projection's int8 GEMV reads). Batches of CHUNK_ROWS rows or more take the chunked rule instead
+(chunk_dispatches: wgsl/deltanet_chunk_index, _intra, _state; the WY / UT form, derived and checked
+in tests/test_deltanet_chunk.py): T / 32 serial steps of small matmuls instead of T row steps.
 
 State: one f32 buffer per DeltaNet layer, max_seqs slots of RecurrentState.spec.state_floats each
 (the conv's last d_conv - 1 inputs [d_conv - 1, conv_dim], then S [H_v, d_k, d_v]), the CPU
@@ -227,6 +228,13 @@ class RecurrentStates:
         values = max((m.n_v_heads * m.d_v for m in self.specs.values()), default=0)
         self.o = storage(dev, 4 * max_rows * max(values, 1), label="deltanet.o") if self.specs else None
         self.vram += (self.u.size + self.o.size) if self.specs else 0
+        # the chunked rule's scratch (chunk_dispatches), shared by the layers as u and o are
+        self.chunk = None
+        if self.specs:
+            sizes = [chunk_scratch_sizes(m, max_seqs, max_rows) for m in self.specs.values()]
+            self.chunk = tuple(storage(dev, max(n), label=f"deltanet.chunk.{name}")
+                               for n, name in zip(zip(*sizes), ("cs", "idx")))
+            self.vram += sum(b.size for b in self.chunk)
 
     @staticmethod
     def tensors(plan) -> frozenset[str]:
@@ -314,7 +322,7 @@ def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
     xq = KQ.scratch(k, K, lower.rows) if KS.can_round_output(m.n_v_heads, m.d_v) and lower._feeds_gemv_q8(op.dst, K) else None
     ds = [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
           *rule_dispatches(k, rs.u, beta, alpha, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
-                           lower.rows, xq)]
+                           lower.rows, xq, scratch=rs.chunk)]
     if xq is not None:
         lower.q8 = (y, K, xq)
     return ds
