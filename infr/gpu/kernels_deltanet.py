@@ -118,7 +118,8 @@ def chunk_scratch_sizes(m: DeltaNetSpec, n_slots: int, T: int) -> tuple[int, int
 
 
 def can_chunk(kernels: Kernels, m: DeltaNetSpec) -> bool:
-    return m.d_k <= CHUNK_MAX_DK and int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384)) >= 16384
+    """d_k within the state pass's block (and a multiple of 4: it reads u and its scratch as vec4s)."""
+    return m.d_k <= CHUNK_MAX_DK and m.d_k % 4 == 0 and int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384)) >= 16384
 
 
 def chunk_dispatches(kernels: Kernels, u, beta, alpha, consts, live, rows, rstate, o, m: DeltaNetSpec,
