@@ -75,6 +75,9 @@ def main() -> None:
         alone = seconds_per_rep(dev, [core], REPS, o)
         print(f"  {name:13s} {alone * 1e6:9.1f} us a layer alone ({', '.join(d.label for d in core)}); "
               f"{full * 1e6:9.1f} us with qknorm and the norm")
+        if len(core) > 1:  # each pass alone (its inputs stand from the run above): where the time goes
+            print("      " + "; ".join(f"{d.label.split()[0]} {seconds_per_rep(dev, [[d]], REPS, o) * 1e6:.1f} us"
+                                     for d in core))
         dev.device.queue.write_buffer(u, 0, u_host)
     a, b = outs["token-serial"], outs["chunked"]
     print(f"  largest difference of the outputs: {np.abs(a - b).max() / np.abs(a).max():.2e} of the largest value")

@@ -138,7 +138,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var m = 0u; m < NR4; m++) {  // explicitly: naga zeroes a loop's var once, not each pass
             acc[m] = vec4<f32>(0.0);
         }
-        for (var i = 0u; i < nr; i++) {
+        for (var i = 0u; i < C; i++) {  // a fixed count (unrolled); rows past nr have D = 0
             let e = ed[i] * dd[i * WC + c];
             let kb = rid[i] * params.conv_dim + k_base;
             for (var m = 0u; m < NR4; m++) {
