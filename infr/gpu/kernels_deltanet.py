@@ -322,9 +322,11 @@ def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
     K = m.n_v_heads * m.d_v
     # the output projection reads the rounded copy the norm kernel writes (as attention's o projection)
     xq = KQ.scratch(k, K, lower.rows) if KS.can_round_output(m.n_v_heads, m.d_v) and lower._feeds_gemv_q8(op.dst, K) else None
+    # a batched decode step (each slot a few rows: lower.decode) keeps the token-serial rule, however
+    # many slots; batches with a longer run of one slot take the chunked rule from CHUNK_ROWS rows
     ds = [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
           *rule_dispatches(k, rs.u, beta, alpha, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
-                           lower.rows, xq, scratch=rs.chunk)]
+                           lower.rows, xq, chunk=False if lower.decode else None, scratch=rs.chunk)]
     if xq is not None:
         lower.q8 = (y, K, xq)
     return ds

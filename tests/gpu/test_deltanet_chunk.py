@@ -81,4 +81,11 @@ def test_tiny_qwen35_on_the_chunked_rule_follows_the_cpu_reference(gpu, chunked,
     prompt = np.random.default_rng(2).integers(0, TINY.n_vocab, 90).tolist()
     assert_logits_close(g.forward(prompt, 0, n_logits=64), c.forward(prompt, 0, n_logits=64), False)
     assert chunked
-    assert_gpu_follows_cpu(g, c, prompt, 8)  # greedy tokens, every step (decode too) chunked
+    assert_gpu_follows_cpu(g, c, prompt, 8)  # greedy tokens (decode steps on the token-serial rule)
+    # a batched decode step (8 rows, each slot a few) keeps the token-serial rule whatever CHUNK_ROWS
+    # says; the same rows as a prompt batch take the chunked one
+    n = len(chunked)
+    g._graph(8, 8, False, True)
+    assert len(chunked) == n
+    g._graph(8, 8, False, False)
+    assert len(chunked) > n
