@@ -3,6 +3,7 @@
 slot from position 0, on whatever adapter is present:
 
     python perf/deltanet_chunk_time.py                 # T = 512, 24 reps (a layer each) per pass
+    DN_T=8,16,32,64,128 python perf/deltanet_chunk_time.py   # where the chunked path starts to win (CHUNK_ROWS)
     DN_T=2048 DN_SLOTS=4 python perf/deltanet_chunk_time.py
     DN_SMALL=1 python perf/deltanet_chunk_time.py      # a smoke run (lavapipe): T = 64, 2 reps
     INFR_DEVICE=N / --backend-less: the adapter as infr picks it; DN_FLAVOR=dawn for Dawn
@@ -33,7 +34,7 @@ from infr.gpu.runtime import Kernels, read, run, storage
 from infr.models.spec import DeltaNetSpec
 
 SMALL = bool(os.environ.get("DN_SMALL"))
-T = int(os.environ.get("DN_T") or (64 if SMALL else 512))
+TS = [int(t) for t in (os.environ.get("DN_T") or ("64" if SMALL else "512")).split(",")]
 SLOTS = int(os.environ.get("DN_SLOTS") or 1)
 REPS = 2 if SMALL else int(os.environ.get("DN_REPS") or 24)
 F32 = np.float32
@@ -42,6 +43,11 @@ F32 = np.float32
 def main() -> None:
     dev = get_device(flavor=os.environ.get("DN_FLAVOR", "wgpu"))
     k = Kernels(dev)
+    for T in TS:
+        time_rows(dev, k, T)
+
+
+def time_rows(dev, k, T: int) -> None:
     m = DeltaNetSpec(16, 32, 128, 128, 4)  # qwen35-4b's DeltaNet layers
     H = m.n_v_heads
     rng = np.random.default_rng(0)

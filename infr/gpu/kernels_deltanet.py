@@ -31,9 +31,11 @@ from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
 PRE_ROWS = 16  # batches of this many rows normalise q and k in a pass of their own (rule_dispatches)
-# Batches of this many rows take the chunked rule (chunk_dispatches): ~T / CHUNK serial steps instead
-# of T, for three more dispatches; decode and short batches keep the token-serial rule.
-CHUNK_ROWS = 64
+# Batches of this many rows (one full chunk) take the chunked rule (chunk_dispatches): ~T / CHUNK
+# serial steps of small matmuls instead of T row steps (~7.6 us each on an H100), for two more
+# dispatches of fixed cost; shorter batches and batched decode steps keep the token-serial rule.
+# `DN_T=8,16,32,64 python perf/deltanet_chunk_time.py` measures where the chunked rule starts to win.
+CHUNK_ROWS = 32
 CHUNK = 32  # rows a chunk (deltanet_chunk_intra.wgsl's C: its C x 32 tiles fit 16 KiB of workgroup memory)
 CHUNK_MAX_DK = 128  # deltanet_chunk_state.wgsl keeps a d_k x 16 block of S in workgroup memory
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory

@@ -63,13 +63,14 @@ def test_chunked_rule_equals_the_reference(gpu, kernels, chunked, m):
 
 
 def test_prompt_batches_take_the_chunked_rule():
-    """The selection: batches of CHUNK_ROWS rows or more, d_k up to CHUNK_MAX_DK; decode stays serial."""
+    """The selection: batches of CHUNK_ROWS rows or more, d_k up to CHUNK_MAX_DK, a multiple of 4."""
     class K:
         class dev:
             limits = {"max-compute-workgroup-storage-size": 16384}
 
     assert KDN.can_chunk(K, DeltaNetSpec(16, 32, 128, 128, 4))
     assert not KDN.can_chunk(K, DeltaNetSpec(16, 32, 256, 256, 4))
+    assert not KDN.can_chunk(K, DeltaNetSpec(1, 2, 5, 5, 3))  # the state pass reads vec4s
     assert KDN.CHUNK_ROWS > KDN.PRE_ROWS
 
 
