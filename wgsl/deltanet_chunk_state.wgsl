@@ -84,12 +84,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let g_off = m_off + cap * H * C;
     let q_base = kh * DK;
     let k_base = params.h_k * DK + kh * DK;
+    let ids = params.n_slots + slot * cap;
+    // a chunk's row ids and gammas are loaded during the chunk before (two dependent loads off the
+    // serial path); invocation tid < C holds row tid's (rows past the slot's count: its last row)
+    var t_nx = idx[ids + min(tid % C, cnt - 1u)];
+    var g_nx = cs1(g_off + t_nx * H + h);
     for (var first = 0u; first < cnt; first += C) {
         let nr = min(C, cnt - first);
         if (tid < C) {
-            let t = idx[params.n_slots + slot * cap + first + min(tid, nr - 1u)];
-            rid[tid] = t;
-            gm[tid] = cs1(g_off + t * H + h);
+            rid[tid] = t_nx;
+            gm[tid] = g_nx;
         }
         workgroupBarrier();  // also: the state's block written
         let gl = gm[nr - 1u];
@@ -131,6 +135,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (ib < nr) {
                 o[rb * H * DK + h * DK + col] = ov.y;
             }
+        }
+        if (tid < C && first + C < cnt) {
+            t_nx = idx[ids + min(first + C + tid, cnt - 1u)];
+            g_nx = cs1(g_off + t_nx * H + h);
         }
         // S <- exp(gamma_l) S + (exp(gamma_l - gamma) K)^T D; this invocation's rows k0 .. k0 + NR - 1
         let el = exp(gl);
