@@ -90,3 +90,15 @@ def test_tiny_qwen35_on_the_chunked_rule_follows_the_cpu_reference(gpu, chunked,
     assert len(chunked) == n
     g._graph(8, 8, False, False)
     assert len(chunked) > n
+
+
+def test_more_rows_than_one_index_block(gpu, kernels, chunked):
+    """310 rows: deltanet_chunk_index scans them in two blocks of 256, each slot's count carried over."""
+    m = DeltaNetSpec(1, 2, 16, 16, 4)
+    mix = _Mixer(gpu, kernels, m, 4, np.random.default_rng(9), 320)
+    pos, slots = _interleave([(3, 0, 200), (0, 0, 90), (1, 0, 20)])
+    got, want = mix.step(pos, slots)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    for s, at in ((0, 90), (1, 20), (3, 200)):
+        np.testing.assert_allclose(mix.states(s)[1], mix.store.take(s, 0, at).S, rtol=0,
+                                   atol=2e-4 * np.abs(mix.store.take(s, 0, at).S).max())
