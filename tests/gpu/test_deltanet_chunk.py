@@ -74,6 +74,23 @@ def test_prompt_batches_take_the_chunked_rule():
     assert KDN.CHUNK_ROWS > KDN.PRE_ROWS
 
 
+def test_tiny_qwen35_greedy_tokens_on_the_chunked_rule_equal_the_cpu_backend(gpu, tmp_path, monkeypatch):
+    """Through the engine with the default selection: prompts of 45 to 150 tokens, batched (their
+    prompt rows of several slots in one batch, chunked), then greedy decode: the CPU backend's tokens."""
+    from infr.engine import Model
+    from tests.engine_runs import greedy_outputs
+
+    taken = []
+    real = KDN.chunk_dispatches
+    monkeypatch.setattr(KDN, "chunk_dispatches", lambda *a, **kw: taken.append(1) or real(*a, **kw))
+    path = synth.write_gguf(replace(TINY, weight_type="F32"), tmp_path / "q35.gguf")
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, TINY.n_vocab, n).tolist() for n in (45, 150, 70)]
+    on_gpu = greedy_outputs(Model(path, n_ctx=192, backend="gpu", parallel=3), prompts, 8)
+    assert taken
+    assert on_gpu == greedy_outputs(Model(path, n_ctx=192, backend="cpu", parallel=3), prompts, 8)
+
+
 def test_tiny_qwen35_on_the_chunked_rule_follows_the_cpu_reference(gpu, chunked, tmp_path):
     from tests.closeness import assert_gpu_follows_cpu, assert_logits_close
 
