@@ -8,8 +8,9 @@ slot's rows in position order, RecurrentStates.check_rows): wgsl/deltanet_conv.w
 conv with its state, silu; a thread per channel), wgsl/deltanet_rule.wgsl (the gates beta' and g,
 then the delta rule with S in registers; a V-head's columns split over workgroups per slot) and
 wgsl/deltanet_norm.wgsl (the gated RMSNorm times silu(z), and the rounded copy the output
-projection's int8 GEMV reads). The chunked form for long prompts is not written: the token-serial
-rule measured fast enough at 512 tokens (perf/h200/compare-qwen35-4b-*).
+projection's int8 GEMV reads). Batches of CHUNK_ROWS rows or more take the chunked rule instead
+(chunk_dispatches: wgsl/deltanet_chunk_index, _intra, _state; the WY / UT form, derived and checked
+in tests/test_deltanet_chunk.py): T / 32 serial steps of small matmuls instead of T row steps.
 
 State: one f32 buffer per DeltaNet layer, max_seqs slots of RecurrentState.spec.state_floats each
 (the conv's last d_conv - 1 inputs [d_conv - 1, conv_dim], then S [H_v, d_k, d_v]), the CPU
@@ -30,6 +31,13 @@ from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
 PRE_ROWS = 16  # batches of this many rows normalise q and k in a pass of their own (rule_dispatches)
+# Batches of this many rows (one full chunk) take the chunked rule (chunk_dispatches): ~T / CHUNK
+# serial steps of small matmuls instead of T row steps (~7.6 us each on an H100), for two more
+# dispatches of fixed cost; shorter batches and batched decode steps keep the token-serial rule.
+# `DN_T=8,16,32,64 python perf/deltanet_chunk_time.py` measures where the chunked rule starts to win.
+CHUNK_ROWS = 32
+CHUNK = 32  # rows a chunk (deltanet_chunk_intra.wgsl's C: its C x 32 tiles fit 16 KiB of workgroup memory)
+CHUNK_MAX_DK = 128  # deltanet_chunk_state.wgsl keeps a d_k x 16 block of S in workgroup memory
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
 
 
@@ -105,31 +113,84 @@ def qknorm_dispatch(kernels: Kernels, u, live, m: DeltaNetSpec, eps: float, T: i
     return Dispatch(pipe, kernels.bind(pipe, [p, live, u]), (2 * m.n_k_heads, T, 1), f"deltanet_qknorm {m.n_k_heads}x{m.d_k}")
 
 
+def chunk_scratch_sizes(m: DeltaNetSpec, n_slots: int, T: int) -> tuple[int, int]:
+    """Bytes of the chunked rule's scratch: cs (W, U [T, H_v, d_k], M [T, H_v, CHUNK], gamma [T, H_v])
+    and idx (each slot's row count, then its row ids)."""
+    return 4 * T * m.n_v_heads * (2 * m.d_k + CHUNK + 1), 4 * n_slots * (T + 1)
+
+
+def can_chunk(kernels: Kernels, m: DeltaNetSpec) -> bool:
+    """d_k within the state pass's block (and a multiple of 4: it reads u and its scratch as vec4s)."""
+    return m.d_k <= CHUNK_MAX_DK and m.d_k % 4 == 0 and int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384)) >= 16384
+
+
+def chunk_dispatches(kernels: Kernels, u, beta, alpha, consts, live, rows, rstate, o, m: DeltaNetSpec,
+                     n_slots: int, T: int, scratch=None) -> list[Dispatch]:
+    """The chunked gated delta rule (wgsl/deltanet_chunk_*.wgsl; derivation: tests/test_deltanet_chunk.py)
+    into o, as the token-serial rule writes it, with the same state in rstate: each slot's rows indexed,
+    then every (chunk, V-head, slot)'s W, U and masked Q K^T in parallel, then per (V-head, column
+    block, slot) the chunks in order through the state. q and k must come normalised (qknorm_dispatch).
+    scratch: (cs, idx) of chunk_scratch_sizes' bytes (or more), else made here."""
+    if scratch is None:
+        scratch = tuple(storage(kernels.dev, n, label=f"deltanet.chunk.{name}")
+                        for n, name in zip(chunk_scratch_sizes(m, n_slots, T), ("cs", "idx")))
+    cs, idx = scratch
+    scale = float(np.float32(1.0 / np.sqrt(m.d_k)))
+    H = m.n_v_heads
+    ipipe = kernels.pipeline("deltanet_chunk_index", "main", unchecked=True)
+    pi = KS._params(kernels, KS._pack([("cap", "u32", T), ("n_slots", "u32", n_slots)]), None, "deltanet_chunk_index")
+    index = Dispatch(ipipe, kernels.bind(ipipe, [pi, live, rows, idx]), (n_slots, 1, 1), f"deltanet_chunk_index {n_slots}")
+    # every index of the chunk kernels is in range by construction (as Dawn runs them): no wgpu clamps
+    apipe = kernels.pipeline("deltanet_chunk_intra", "main", unchecked=True, DK=m.d_k)
+    pa = KS._params(kernels, KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", H), ("conv_dim", "u32", m.conv_dim),
+                                       ("cap", "u32", T), ("n_slots", "u32", n_slots), ("scale", "f32", scale)]),
+                    None, "deltanet_chunk_intra")
+    intra = Dispatch(apipe, kernels.bind(apipe, [pa, u, beta, alpha, consts, idx, cs]), (-(-T // CHUNK), H, n_slots),
+                     f"deltanet_chunk_intra {H}x{m.d_k}")
+    spipe = kernels.pipeline("deltanet_chunk_state", "main", unchecked=True, DK=m.d_k)
+    ps = KS._params(kernels, KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", H), ("conv_dim", "u32", m.conv_dim),
+                                       ("cap", "u32", T), ("n_slots", "u32", n_slots),
+                                       ("slot_stride", "u32", m.state_floats),
+                                       ("s_base", "u32", (m.d_conv - 1) * m.conv_dim), ("scale", "f32", scale)]),
+                    None, "deltanet_chunk_state")
+    nb = -(-m.d_k // 16)  # deltanet_chunk_state.wgsl's WC
+    state = Dispatch(spipe, kernels.bind(spipe, [ps, u, idx, rows, cs, rstate, o]), (nb * H, n_slots, 1),
+                     f"deltanet_chunk_state {H}x{m.d_k}")
+    return [index, intra, state]
+
+
 def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
-                    eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None) -> list[Dispatch]:
+                    eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None, chunk: bool | None = None,
+                    scratch=None) -> list[Dispatch]:
     """dst [T, H_v * d_v] = the delta rule's output of each live row (into o, scratch of that size),
     then gated-RMSNormed times silu(z); with xq (KQ.scratch) dst also rounded to 8 bits there, for
     the output projection's int8 GEMV (KS.can_round_output). `pre` (default: T >= PRE_ROWS): q and k
-    normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen."""
+    normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen.
+    `chunk` (default: T >= CHUNK_ROWS where can_chunk): the chunked rule (chunk_dispatches, its
+    scratch) instead of the token-serial one."""
     check_spec(m)
     if T > 65535:
         raise UnsupportedError(f"the DeltaNet kernels take at most 65535 rows a pass, not {T}")
-    pre = T >= PRE_ROWS if pre is None else pre
-    lay = rule_layout(m.d_k)
-    pipe = kernels.pipeline("deltanet_rule", "main", PRE="true" if pre else "false", **lay)
-    data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
-                     ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
-                     ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
-    p = KS._params(kernels, data, None, "deltanet_rule")
-    nb = -(-m.d_k // lay["WC"])
-    rule = Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
-                    (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")
+    chunk = T >= CHUNK_ROWS and can_chunk(kernels, m) if chunk is None else chunk
+    pre = chunk or (T >= PRE_ROWS if pre is None else pre)
+    if chunk:
+        rule = chunk_dispatches(kernels, u, beta, alpha, consts, live, rows, rstate, o, m, n_slots, T, scratch)
+    else:
+        lay = rule_layout(m.d_k)
+        pipe = kernels.pipeline("deltanet_rule", "main", PRE="true" if pre else "false", **lay)
+        data = KS._pack([("h_k", "u32", m.n_k_heads), ("h_v", "u32", m.n_v_heads), ("conv_dim", "u32", m.conv_dim),
+                         ("slot_stride", "u32", m.state_floats), ("s_base", "u32", (m.d_conv - 1) * m.conv_dim),
+                         ("eps", "f32", eps), ("scale", "f32", float(np.float32(1.0 / np.sqrt(m.d_k))))])
+        p = KS._params(kernels, data, None, "deltanet_rule")
+        nb = -(-m.d_k // lay["WC"])
+        rule = [Dispatch(pipe, kernels.bind(pipe, [p, u, beta, alpha, consts, live, rows, rstate, o]),
+                         (nb * m.n_v_heads, n_slots, 1), f"deltanet_rule {m.n_v_heads}x{m.d_k}")]
     npipe = kernels.pipeline("deltanet_norm", "main", DK=m.d_k, **KS.q8_out_consts(xq, m.n_v_heads, m.d_v, 6))
     pn = KS._params(kernels, KS._pack([("h_v", "u32", m.n_v_heads), ("eps", "f32", eps)]), None, "deltanet_norm")
     norm = Dispatch(npipe, kernels.bind(npipe, [pn, o, z, consts, live, dst] + ([xq] if xq is not None else [])),
                     (m.n_v_heads, T, 1),
                     f"deltanet_norm {m.n_v_heads}x{m.d_k}")
-    return ([qknorm_dispatch(kernels, u, live, m, eps, T)] if pre else []) + [rule, norm]
+    return ([qknorm_dispatch(kernels, u, live, m, eps, T)] if pre else []) + rule + [norm]
 
 
 class RecurrentStates:
@@ -171,6 +232,13 @@ class RecurrentStates:
         values = max((m.n_v_heads * m.d_v for m in self.specs.values()), default=0)
         self.o = storage(dev, 4 * max_rows * max(values, 1), label="deltanet.o") if self.specs else None
         self.vram += (self.u.size + self.o.size) if self.specs else 0
+        # the chunked rule's scratch (chunk_dispatches), shared by the layers as u and o are
+        self.chunk = None
+        if self.specs:
+            sizes = [chunk_scratch_sizes(m, max_seqs, max_rows) for m in self.specs.values()]
+            self.chunk = tuple(storage(dev, max(n), label=f"deltanet.chunk.{name}")
+                               for n, name in zip(zip(*sizes), ("cs", "idx")))
+            self.vram += sum(b.size for b in self.chunk)
 
     @staticmethod
     def tensors(plan) -> frozenset[str]:
@@ -256,9 +324,11 @@ def deltanet_dispatches(lower, op: DeltaNet) -> list[Dispatch]:
     K = m.n_v_heads * m.d_v
     # the output projection reads the rounded copy the norm kernel writes (as attention's o projection)
     xq = KQ.scratch(k, K, lower.rows) if KS.can_round_output(m.n_v_heads, m.d_v) and lower._feeds_gemv_q8(op.dst, K) else None
+    # a batched decode step (each slot a few rows: lower.decode) keeps the token-serial rule, however
+    # many slots; batches with a longer run of one slot take the chunked rule from CHUNK_ROWS rows
     ds = [conv_dispatch(k, qkv, rs.conv[op.layer], live, rows, buf, rs.u, m),
           *rule_dispatches(k, rs.u, beta, alpha, z, consts, live, rows, buf, rs.o, y, m, op.eps, rs.max_seqs,
-                           lower.rows, xq)]
+                           lower.rows, xq, chunk=False if lower.decode else None, scratch=rs.chunk)]
     if xq is not None:
         lower.q8 = (y, K, xq)
     return ds

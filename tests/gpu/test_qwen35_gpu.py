@@ -133,7 +133,8 @@ def _interleave(runs: list[tuple[int, int, int]]):
 @pytest.mark.parametrize("m", [DeltaNetSpec(2, 6, 12, 12, 4), DeltaNetSpec(3, 6, 16, 16, 4),
                                DeltaNetSpec(1, 2, 5, 5, 3), DeltaNetSpec(1, 2, 128, 128, 4)],
                          ids=["hv6-hk2-dk12", "hv6-hk3-dk16", "hv2-hk1-dk5-conv3", "hv2-hk1-dk128"])
-def test_deltanet_kernels_equal_the_reference(gpu, kernels, m):
+def test_deltanet_kernels_equal_the_reference(gpu, kernels, m, monkeypatch):
+    monkeypatch.setattr(KDN, "CHUNK_ROWS", 1 << 30)  # the token-serial rule (the chunked one: test_deltanet_chunk.py)
     rng = np.random.default_rng(m.d_k)
     mix = _Mixer(gpu, kernels, m, 5, rng, 128)
     # a prompt of 70 rows in slot 3 beside two shorter ones, interleaved
@@ -230,10 +231,12 @@ def test_the_engine_restores_a_gpu_checkpoint_for_a_shared_prefix(gpu, files):
     assert rb.output == go(cold, b, cache_prompt=False).output
     assert rb.output == go(Model(files["F32"], n_ctx=160, backend="cpu", checkpoints=0), b).output
     # Greedy tokens of a tiny random model can survive a wrong state; the states themselves cannot.
+    # The cold run's 95 rows take the chunked rule, the restored run's 31 the token-serial one: their
+    # sums round apart by ~1e-5 of the values after a few layers; a wrong state is off by O(1).
     for layer, (conv, S) in model.backend.recurrent.read(0).items():
         want_conv, want_S = cold.backend.recurrent.read(0)[layer]
-        np.testing.assert_allclose(conv, want_conv, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(S, want_S, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(conv, want_conv, rtol=0, atol=1e-4 * np.abs(want_conv).max())
+        np.testing.assert_allclose(S, want_S, rtol=0, atol=1e-4 * np.abs(want_S).max())
 
 
 def test_checkpoint_saved_and_loaded_continues_as_uninterrupted(gpu, files):

@@ -152,6 +152,9 @@ def test_qwen35_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     assert {k[1] for k in asked if k[0] == "gated_attn"} == {"head_slice", "sigmoid_mul"}
     for pre in ("true", "false"):  # the real shapes' rule (d_k 128: vec4 rows of S), which tiny models don't ask for
         asked.add(_key("deltanet_rule", "main", {"PRE": pre, **KDN.rule_layout(128)}))
+    asked.add(_key("deltanet_chunk_index", "main", {}))  # the chunked rule: prompt batches of 32+ rows
+    for dk in (12, 128):
+        asked |= {_key(f"deltanet_chunk_{p}", "main", {"DK": dk}) for p in ("intra", "state")}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
