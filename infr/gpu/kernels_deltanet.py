@@ -24,6 +24,7 @@ import numpy as np
 
 from infr.errors import InfrError, UnsupportedError
 from infr.gpu import kernels_misc as KS
+from infr.gpu import tuning as TU
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
 from infr.models.spec import DeltaNetSpec
@@ -171,7 +172,9 @@ def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rst
     check_spec(m)
     if T > 65535:
         raise UnsupportedError(f"the DeltaNet kernels take at most 65535 rows a pass, not {T}")
-    chunk = T >= CHUNK_ROWS and can_chunk(kernels, m) if chunk is None else chunk
+    if chunk is None:
+        least = TU.current().deltanet_chunk_rows
+        chunk = T >= (CHUNK_ROWS if least is None else least) and can_chunk(kernels, m)
     pre = chunk or (T >= PRE_ROWS if pre is None else pre)
     if chunk:
         rule = chunk_dispatches(kernels, u, beta, alpha, consts, live, rows, rstate, o, m, n_slots, T, scratch)

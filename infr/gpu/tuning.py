@@ -61,21 +61,25 @@ class Tuning:
     mmq: kernels_mmq.MmqTuning; mma: kernels_mma.MmaTuning (the tensor-core
     tiles that replace mmq's on Dawn); attention: AttentionTuning; gemm_min_t: the
     smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
-    environment: never)."""
+    environment: never); deltanet_chunk_rows: the smallest prompt batch the chunked
+    delta rule takes (kernels_deltanet.CHUNK_ROWS; INFR_DELTANET_CHUNK_ROWS, 0: never)."""
 
     gemv: object = field(default_factory=lambda: _gemv({}))
     mmq: object = field(default_factory=lambda: _mmq({}))
     mma: object = field(default_factory=lambda: _mma({}))
     attention: AttentionTuning = field(default_factory=AttentionTuning)
     gemm_min_t: int | None = None
+    deltanet_chunk_rows: int | None = None
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
         env = os.environ if env is None else env
         gemm = env.get("INFR_GEMM_MIN_T")
+        chunk = env.get("INFR_DELTANET_CHUNK_ROWS")
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
+            deltanet_chunk_rows=(int(chunk) if int(chunk) > 0 else 1 << 30) if chunk else None,
         )
 
 

@@ -134,7 +134,7 @@ def _interleave(runs: list[tuple[int, int, int]]):
                                DeltaNetSpec(1, 2, 5, 5, 3), DeltaNetSpec(1, 2, 128, 128, 4)],
                          ids=["hv6-hk2-dk12", "hv6-hk3-dk16", "hv2-hk1-dk5-conv3", "hv2-hk1-dk128"])
 def test_deltanet_kernels_equal_the_reference(gpu, kernels, m, monkeypatch):
-    monkeypatch.setattr(KDN, "CHUNK_ROWS", 1 << 30)  # the token-serial rule (the chunked one: test_deltanet_chunk.py)
+    monkeypatch.setattr(KDN, "CHUNK_ROWS", 1 << 30)  # the token-serial rule (the chunked one: test_deltanet_chunk_gpu.py)
     rng = np.random.default_rng(m.d_k)
     mix = _Mixer(gpu, kernels, m, 5, rng, 128)
     # a prompt of 70 rows in slot 3 beside two shorter ones, interleaved

@@ -19,7 +19,7 @@ import pytest
 from infr import synth
 from infr.gpu import kernels_deltanet as KDN
 from infr.models.spec import DeltaNetSpec
-from tests.gpu.test_qwen35_gpu import _interleave, _Mixer, _pair
+from test_qwen35_gpu import _interleave, _Mixer, _pair
 
 TINY = synth.PRESETS["tiny-qwen35"]
 
@@ -74,6 +74,24 @@ def test_prompt_batches_take_the_chunked_rule():
     assert not KDN.can_chunk(K, DeltaNetSpec(16, 32, 256, 256, 4))
     assert not KDN.can_chunk(K, DeltaNetSpec(1, 2, 5, 5, 3))  # the state pass reads vec4s
     assert KDN.CHUNK_ROWS > KDN.PRE_ROWS
+
+
+def test_the_tuning_knob_moves_the_chunked_rules_threshold(gpu, kernels, monkeypatch):
+    """INFR_DELTANET_CHUNK_ROWS (tuning.deltanet_chunk_rows): 0 keeps every batch on the token-serial
+    rule, a row count moves the threshold; read once, through the tuning object."""
+    from infr.gpu import tuning
+
+    m = DeltaNetSpec(1, 2, 16, 16, 4)
+    mix = _Mixer(gpu, kernels, m, 2, np.random.default_rng(0), 128)
+    kinds = lambda T: {d.label.split()[0] for d in KDN.rule_dispatches(  # noqa: E731
+        kernels, mix.u, mix.o, mix.o, mix.o, mix.consts, mix.o, mix.o, mix.rstate, mix.o, mix.o, m, 1e-6, 2, T)}
+    assert "deltanet_chunk_state" in kinds(KDN.CHUNK_ROWS) and "deltanet_rule" in kinds(KDN.CHUNK_ROWS - 1)
+    for env, T, want in (("0", 100, "deltanet_rule"), ("40", 39, "deltanet_rule"), ("40", 40, "deltanet_chunk_state")):
+        monkeypatch.setenv("INFR_DELTANET_CHUNK_ROWS", env)
+        tuning.reload()
+        assert want in kinds(T), (env, T)
+    monkeypatch.delenv("INFR_DELTANET_CHUNK_ROWS")
+    tuning.reload()
 
 
 def test_tiny_qwen35_greedy_tokens_on_the_chunked_rule_equal_the_cpu_backend(gpu, tmp_path, monkeypatch):
