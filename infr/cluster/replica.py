@@ -96,9 +96,10 @@ class EngineReplica:
                     task.cancel()
 
 
-def deployment(name: str, config: ServeConfig, *, num_cpus: float, num_gpus: float, max_ongoing: int,
-               drain_s: float, replicas: int = 1, max_replicas: int | None = None):
-    """The bound deployment of one replica slot (or, with max_replicas, of an autoscaled group)."""
+def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoing: int, drain_s: float,
+                       replicas: int = 1, max_replicas: int | None = None) -> dict:
+    """Serve options of one replica slot (or, with max_replicas, of an autoscaled group). Ray waits
+    up to drain_s for a replica's requests in flight before it stops it (the shutdown drain)."""
     opts: dict = {"name": name, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
                   "max_ongoing_requests": max_ongoing, "graceful_shutdown_timeout_s": drain_s,
                   "graceful_shutdown_wait_loop_s": 0.5, "health_check_period_s": 5, "health_check_timeout_s": 30}
@@ -107,4 +108,9 @@ def deployment(name: str, config: ServeConfig, *, num_cpus: float, num_gpus: flo
     else:
         opts["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
                                       "target_ongoing_requests": 2}
-    return serve.deployment(EngineReplica).options(**opts).bind(config)
+    return opts
+
+
+def deployment(name: str, config: ServeConfig, **kw):
+    """The bound deployment running `config` with deployment_options(name, **kw)."""
+    return serve.deployment(EngineReplica).options(**deployment_options(name, **kw)).bind(config)

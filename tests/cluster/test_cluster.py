@@ -201,7 +201,7 @@ def test_follow_up_turn_hits_the_replica_that_cached_it(base, client):
         r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=4, temperature=0)
         firsts.append((msgs + [{"role": "assistant", "content": r.choices[0].message.content}], r.usage.prompt_tokens))
     before = _metrics(base)
-    for msgs, first_len in firsts:
+    for msgs, first_len in reversed(firsts):  # by load alone the follow-ups would land on the other replica
         r = client.chat.completions.create(model="smol", messages=msgs + [{"role": "user", "content": "Shorter."}],
                                            max_tokens=4, temperature=0)
         cached = r.usage.prompt_tokens_details.cached_tokens
