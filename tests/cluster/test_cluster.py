@@ -211,6 +211,25 @@ def test_follow_up_turn_hits_the_replica_that_cached_it(base, client):
         _sample(before, "infr_cluster_routed_total", model="smol", by="prefix") == 4
 
 
+def test_client_that_leaves_frees_its_replica(base, client):
+    before = _metrics(base)
+    stream = client.chat.completions.create(model="smol-b", messages=[{"role": "user", "content": "Go on."}],
+                                            max_tokens=300, stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+
+    def freed():
+        m = _metrics(base)
+        return (_sample(m, "infr_cluster_requests_in_flight", model="smol-b") == 0
+                and _sample(m, "infr_requests_running", model="smol-b") == 0
+                and _sample(m, "infr_requests_cancelled_total", model="smol-b")
+                == _sample(before, "infr_requests_cancelled_total", model="smol-b") + 1)
+
+    _wait(freed, 30, "the replica to cancel the abandoned answer")
+
+
 def _serving_slot(base: str, model: str, n: int) -> int:
     m = _metrics(base)
     for i in (0, 1):
