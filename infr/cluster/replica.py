@@ -18,6 +18,18 @@ from infr.serve.service import Config as ServeConfig
 log = logging.getLogger("infr.cluster")
 
 
+def pick_gpu() -> None:
+    """The wgpu adapter of the GPU Ray gave this replica. Ray hides the others from CUDA only
+    (CUDA_VISIBLE_DEVICES); Vulkan still lists every GPU, so the engine is pointed at its own with
+    INFR_DEVICE, taking Ray's GPU id as the adapter number (infr/gpu/device.py lists discrete GPUs
+    first, in the driver's order). An INFR_DEVICE already set wins."""
+    import ray
+
+    ids = ray.get_gpu_ids()
+    if ids and not os.environ.get("INFR_DEVICE"):
+        os.environ["INFR_DEVICE"] = str(int(ids[0]))
+
+
 class EngineReplica:
     """Deployed once per replica slot (infr/cluster/app.py says why), with num_cpus/num_gpus from
     the cluster config; Ray restarts it when its process dies or check_health fails."""
@@ -27,6 +39,7 @@ class EngineReplica:
         from infr.serve.service import Service
 
         logging.basicConfig(level=logging.INFO, format="infr: %(message)s")
+        pick_gpu()
         self.service = Service(config)
         self.service.load()  # blocking: the replica counts as started once its model is in
         self.service.start_workers()
