@@ -83,7 +83,9 @@ class Ingress:
         hashes: list[bytes] = []
         if model.keys is not None and path in ROUTED_PATHS and isinstance(data, dict):
             r = model.replicas
-            hashes = block_hashes(model.keys.tokens(path, data), r.block_size, r.max_blocks)
+            # in a thread: a long prompt's template and tokenizer must not stall the streams this loop relays
+            tokens = await asyncio.get_running_loop().run_in_executor(None, model.keys.tokens, path, data)
+            hashes = block_hashes(tokens, r.block_size, r.max_blocks)
         deadline = time.monotonic() + self.config.event_gap_s
         while True:  # every replica down: wait a while for a restart rather than fail at once
             slot = model.replicas.choose(hashes)
