@@ -47,12 +47,12 @@ def connect(cfg: ClusterConfig) -> None:
     import ray
 
     if cfg.address:
-        ray.init(address=cfg.address, log_to_driver=False)
+        ray.init(address=cfg.address, log_to_driver=cfg.replica_logs)
         return
     per = max(cfg.replicas, cfg.max_replicas or 0) * len(cfg.models)
     cpus = cfg.local_cpus or max(os.cpu_count() or 1, int(per * cfg.num_cpus + 0.999))
     ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=cfg.object_store_mb * 2**20,
-             log_to_driver=False)
+             log_to_driver=cfg.replica_logs)
 
 
 def start(cfg: ClusterConfig) -> None:

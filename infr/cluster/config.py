@@ -55,6 +55,7 @@ class ClusterConfig:
     address: str | None = None  # an existing cluster (ray://, host:port or "auto"); None starts a local one
     local_cpus: int | None = None  # logical CPUs of a local cluster (default: enough for every replica)
     object_store_mb: int = 200  # a local cluster's object store: requests and tokens are small
+    replica_logs: bool = True  # the replicas' and the ingress's log lines on this console too
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -62,7 +63,7 @@ class ClusterConfig:
     # routing and faults
     affinity_blocks: int = 32  # prompt blocks hashed for prefix-aware routing (32 x 32 tokens)
     affinity_entries: int = 100_000  # block hashes remembered (LRU)
-    affinity_slack: int = 2  # keep a prefix's replica while it has at most this many more requests than the least loaded
+    affinity_slack: int = 2  # a prefix keeps its replica while that has at most this many requests more than the idlest
     first_event_s: float = 600.0  # a replica silent this long (queued prompt included) fails the request
     event_gap_s: float = 60.0  # the longest silence between two events of one answer
     probe_s: float = 1.0  # how often a failed replica is asked whether it is back

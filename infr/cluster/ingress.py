@@ -32,7 +32,7 @@ RELAYED_HEADERS = {b"content-type", b"cache-control", b"x-accel-buffering", b"ww
 ROUTED_PATHS = ("/v1/chat/completions", "/v1/completions")  # prompts worth a prefix-aware choice
 
 
-class Model:
+class Served:
     """One served model: its replica slots (handles), the routing state, the prompt tokenizer."""
 
     def __init__(self, entry: ModelEntry, handles: list, replicas: Replicas, keys: PromptKeys | None):
@@ -42,13 +42,13 @@ class Model:
         self.failures = 0
 
 
-@serve.ingress()
+@serve.ingress()  # late-bound (Ray >= 2.56): the app is built once __init__ has the replicas' handles
 class Ingress:
     def __init__(self, config: ClusterConfig, handles: dict[str, list]):
         self.config = config
         self._handles = handles  # model id -> one DeploymentHandle per replica slot
-        self.models: dict[str, Model] = {}
-        self.names: dict[str, Model] = {}  # every name a request may give: the id, and the ref as given
+        self.models: dict[str, Served] = {}
+        self.names: dict[str, Served] = {}  # every name a request may give: the id, and the ref as given
         self._probes: set[asyncio.Task] = set()
 
     async def __serve_build_asgi_app__(self) -> Litestar:
@@ -63,7 +63,7 @@ class Ingress:
                 replicas = Replicas(len(handles), info["block_size"], cfg.affinity_blocks, cfg.affinity_entries,
                                     cfg.affinity_slack)
                 keys = await loop.run_in_executor(None, PromptKeys, entry.ref)
-            model = Model(entry, handles, replicas, keys)
+            model = Served(entry, handles, replicas, keys)
             self.models[entry.id] = model
             self.names.setdefault(entry.id, model)
             self.names.setdefault(entry.ref, model)
@@ -71,7 +71,7 @@ class Ingress:
 
     # ---------------------------------------------------------------- routing
 
-    def model_for(self, name) -> Model:
+    def model_for(self, name) -> Served:
         if name is None or not isinstance(name, str):  # none given: the first model (a bad type: its 400)
             return next(iter(self.models.values()))
         model = self.names.get(name)
@@ -79,7 +79,7 @@ class Ingress:
             raise model_not_found(name, list(self.models))
         return model
 
-    async def slot_for(self, model: Model, path: str, data) -> int:
+    async def slot_for(self, model: Served, path: str, data) -> int:
         hashes: list[bytes] = []
         if model.keys is not None and path in ROUTED_PATHS and isinstance(data, dict):
             r = model.replicas
@@ -96,7 +96,7 @@ class Ingress:
                                code="replica_unavailable")
             await asyncio.sleep(0.2)
 
-    def failed(self, model: Model, slot: int, e: BaseException) -> None:
+    def failed(self, model: Served, slot: int, e: BaseException) -> None:
         log.warning("replica %d of %s failed: %s: %s", slot, model.entry.id, type(e).__name__, e)
         model.failures += 1
         if model.keys is None:  # one autoscaled group: Ray replaces its replicas and routes around them
@@ -107,7 +107,7 @@ class Ingress:
             self._probes.add(task)
             task.add_done_callback(self._probes.discard)
 
-    async def _probe(self, model: Model, slot: int) -> None:
+    async def _probe(self, model: Served, slot: int) -> None:
         """Ask the slot's deployment until a replica answers (Ray restarts it); then it is live again."""
         while True:
             await asyncio.sleep(self.config.probe_s)
@@ -171,7 +171,7 @@ class Ingress:
     async def _next(gen, timeout: float):
         return await asyncio.wait_for(gen.__anext__(), timeout=timeout)
 
-    async def _relay(self, gen, model: Model, slot: int) -> AsyncIterator[bytes]:
+    async def _relay(self, gen, model: Served, slot: int) -> AsyncIterator[bytes]:
         try:
             while True:
                 try:
@@ -194,12 +194,12 @@ class Ingress:
         ok = all(v["live"] for v in models.values())
         return Response({"status": "ok" if ok else "degraded", "models": models}, status_code=200 if ok else 503)
 
-    def model_card(self, model: Model) -> dict:
+    def model_card(self, model: Served) -> dict:
         return {"id": model.entry.id, "object": "model", "created": model.created, "owned_by": "infr",
                 "meta": {"replicas": model.replicas.n, "live": sum(model.replicas.live)}}
 
     async def metrics(self) -> str:
-        async def one(model: Model, slot: int):
+        async def one(model: Served, slot: int):
             if not model.replicas.live[slot]:
                 return None
             call = model.handles[slot].metrics.remote()

@@ -57,7 +57,8 @@ def _wait(pred, timeout: float, what: str, every: float = 0.2):
 def cluster(smollm2_path):
     cfg = ClusterConfig(models=[ModelEntry(str(smollm2_path), "smol"), ModelEntry(str(smollm2_path), "smol-b")],
                         replicas=2, num_cpus=1, ctx=512, parallel=4, backend="cpu", port=_free_port(),
-                        local_cpus=8, object_store_mb=200, api_key=KEY, drain_s=30, event_gap_s=30, probe_s=0.5)
+                        local_cpus=8, object_store_mb=200, replica_logs=False, api_key=KEY, drain_s=30,
+                        event_gap_s=30, probe_s=0.5)
     cluster_app.connect(cfg)
     try:
         cluster_app.start(cfg)
@@ -160,7 +161,8 @@ def test_answers_and_error_bodies_match_infr_serve(base, client, smollm2_path):
             want = tc.request(method, path, headers=headers, **kw)
             got = httpx.request(method, base + path, headers=headers, timeout=60, **kw)
             expected = want.json()
-            if "this server serves 'smol'" in expected.get("error", {}).get("message", ""):  # the cluster names both its models
+            # the cluster names both its models
+            if "this server serves 'smol'" in expected.get("error", {}).get("message", ""):
                 expected["error"]["message"] += ", 'smol-b'"
             assert (got.status_code, got.json()) == (want.status_code, expected), (method, path, body)
     assert httpx.get(f"{base}/health").status_code == 200  # bad input harmed nothing
@@ -265,7 +267,8 @@ def test_killed_replica_fails_in_flight_cleanly_and_is_restarted(base, client):
 
     def plain():
         try:
-            client.chat.completions.create(model="smol", messages=[{"role": "user", "content": prefix + "Two."}], **long)
+            client.chat.completions.create(model="smol", messages=[{"role": "user", "content": prefix + "Two."}],
+                                           **long)
             outcome["plain"] = "completed"
         except openai.APIStatusError as e:
             outcome["plain"] = e

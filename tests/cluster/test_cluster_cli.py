@@ -48,9 +48,9 @@ def test_command_serves_and_drains_on_sigterm(smollm2_path, tmp_path):
 
         def streamed():
             text, finish = "", None
-            for c in client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Tell a story."}],
-                                                    max_tokens=48, temperature=0, stream=True,
-                                                    extra_body={"ignore_eos": True}):
+            msgs = [{"role": "user", "content": "Tell a story."}]
+            for c in client.chat.completions.create(model="smol", messages=msgs, max_tokens=48, temperature=0,
+                                                    stream=True, extra_body={"ignore_eos": True}):
                 if c.choices:
                     text += c.choices[0].delta.content or ""
                     finish = c.choices[0].finish_reason or finish
