@@ -11,6 +11,7 @@ from pathlib import Path
 
 from infr import cli_store, offline
 from infr import compare as compare_cli
+from infr.cluster import cli as cluster_cli
 from infr.serve import server as serve_cli
 from infr.errors import InfrError
 
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("devices", help="list WebGPU adapters (pick one with INFR_DEVICE=N)")
     cli_store.add_parsers(sub)  # pull, ls, rm
     serve_cli.add_parser(sub)  # serve (infr/serve/server.py)
+    cluster_cli.add_parser(sub)  # cluster (infr/cluster/cli.py)
     compare_cli.add_parser(sub)  # compare (infr/compare.py)
     return p
 
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, slot, value)
     try:
-        return {"run": cmd_run, "models": cmd_models, "devices": cmd_devices, **cli_store.COMMANDS, "serve": serve_cli.cmd_serve, "compare": compare_cli.cmd_compare}[args.command](args)
+        return {"run": cmd_run, "models": cmd_models, "devices": cmd_devices, **cli_store.COMMANDS, "serve": serve_cli.cmd_serve, "cluster": cluster_cli.cmd_cluster, "compare": compare_cli.cmd_compare}[args.command](args)
     except InfrError as e:
         if os.environ.get("INFR_DEBUG"):
             raise

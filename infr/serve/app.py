@@ -21,7 +21,7 @@ from infr.errors import InfrError
 from infr.serve import errors
 from infr.serve.errors import APIError
 from infr.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from infr.serve.service import Config, Service, new_id, timings, usage
+from infr.serve.service import Config, Service, model_not_found, new_id, timings, usage
 
 log = logging.getLogger("infr.serve")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,7 +32,11 @@ def _svc(request: Request | ASGIConnection) -> Service:
 
 
 def require_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    key = _svc(connection).config.api_key
+    check_key(connection, _svc(connection).config.api_key)
+
+
+def check_key(connection: ASGIConnection, key: str | None) -> None:
+    """401 unless the request carries `key` (none: every request passes); the cluster ingress uses it too."""
     if not key:
         return
     auth = connection.headers.get("authorization", "")
@@ -42,7 +46,7 @@ def require_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
                        code="invalid_api_key")
 
 
-def _sse(obj: Any) -> bytes:
+def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -75,7 +79,7 @@ def get_model(request: Request, name: FromPath[str]) -> dict:
     svc = _svc(request)
     name = name.lstrip("/")
     if name not in svc.names:
-        raise APIError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
+        raise model_not_found(name)
     return {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "infr"}
 
 
@@ -198,7 +202,7 @@ async def _chat_stream(svc: Service, prep, base: dict, include_usage: bool, logp
             c["usage"] = None
         if timed is not None:  # the last chunk carries llama-server's timings
             c["timings"] = timings(timed)
-        return _sse(c)
+        return sse(c)
 
     out = prep.output
     yield chunk({"role": "assistant", "content": ""})
@@ -218,7 +222,7 @@ async def _chat_stream(svc: Service, prep, base: dict, include_usage: bool, logp
             yield chunk(d)
         yield chunk({}, _finish(outcome, out), timed=outcome)
         if include_usage:
-            yield _sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage(outcome)})
+            yield sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage(outcome)})
     except Exception as e:  # headers are sent: the failure goes out as an error event
         yield _stream_error(svc, e)
     yield b"data: [DONE]\n\n"
@@ -229,7 +233,7 @@ def _stream_error(svc: Service, e: Exception) -> bytes:
         log.error("stream failed: %s: %s", type(e).__name__, e)
         e = APIError(500, f"generation failed: {type(e).__name__}: {e}")
     svc.metrics.error(e.status)
-    return _sse(errors.body(e.status, e.message, e.param, e.code))
+    return sse(errors.body(e.status, e.message, e.param, e.code))
 
 
 # ---------------------------------------------------------------- completions
@@ -277,7 +281,7 @@ async def _completion_stream(svc, prep, base, include_usage, echo, want_lp) -> A
                           "logprobs": _legacy_logprobs(entries, 0) if want_lp and entries else None}]}
         if timed is not None:  # the last chunk carries llama-server's timings
             c["timings"] = timings(timed)
-        return _sse(c)
+        return sse(c)
 
     try:
         if echo:
@@ -290,7 +294,7 @@ async def _completion_stream(svc, prep, base, include_usage, echo, want_lp) -> A
             yield chunk(value["text"], entries=value["logprobs"])
         yield chunk("", _finish(outcome, None), timed=outcome)
         if include_usage:
-            yield _sse({**base, "object": "text_completion", "choices": [], "usage": usage(outcome)})
+            yield sse({**base, "object": "text_completion", "choices": [], "usage": usage(outcome)})
     except Exception as e:  # headers are sent: the failure goes out as an error event
         yield _stream_error(svc, e)
     yield b"data: [DONE]\n\n"

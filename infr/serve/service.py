@@ -59,6 +59,12 @@ def served_id(ref: str | None, alias: str | None = None) -> str:
     return ref
 
 
+def model_not_found(name: str, served: list[str] | None = None) -> APIError:
+    """The 404 for a model this server does not serve (`infr serve --strict-model`, `infr cluster`)."""
+    also = f"; this server serves {', '.join(map(repr, served))}" if served else ""
+    return APIError(404, f"the model {name!r} does not exist{also}", param="model", code="model_not_found")
+
+
 @dataclass
 class Prepared:
     job: generation.Job
@@ -150,8 +156,7 @@ class Service:
                            else f"the model failed to load: {self.load_error}")
         # one model is served: like llama-server, any name reaches it unless --strict-model
         if self.config.strict_model and name is not None and name not in self.names:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
-                           param="model", code="model_not_found")
+            raise model_not_found(name, [self.model_id])
 
     # ---------------------------------------------------------------- requests -> jobs
 

@@ -1,0 +1,129 @@
+"""One engine replica: a Ray Serve deployment that owns one infr Service (the model, its engine
+thread with continuous batching and prefix cache, as `infr serve` runs it) and answers the ingress
+by running `infr serve`'s own Litestar app in-process, so every schema, check, error body and
+stream chunk is the one `infr serve` gives. Requests arrive over a DeploymentHandle as plain
+(method, path, headers, body) and go back as a stream: the response head, then its body chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from infr.serve.service import Config as ServeConfig
+
+log = logging.getLogger("infr.cluster")
+
+
+def pick_gpu() -> None:
+    """The wgpu adapter of the GPU Ray gave this replica. Ray hides the others from CUDA only
+    (CUDA_VISIBLE_DEVICES); Vulkan still lists every GPU, so the engine is pointed at its own with
+    INFR_DEVICE, taking Ray's GPU id as the adapter number (infr/gpu/device.py lists discrete GPUs
+    first, in the driver's order). An INFR_DEVICE already set wins."""
+    import ray
+
+    ids = ray.get_gpu_ids()
+    if ids and not os.environ.get("INFR_DEVICE"):
+        os.environ["INFR_DEVICE"] = str(int(ids[0]))
+
+
+class EngineReplica:
+    """Deployed once per replica slot (infr/cluster/app.py says why), with num_cpus/num_gpus from
+    the cluster config; Ray restarts it when its process dies or check_health fails."""
+
+    def __init__(self, config: ServeConfig):
+        from infr.serve.app import create_app
+        from infr.serve.service import Service
+
+        logging.basicConfig(level=logging.INFO, format="infr: %(message)s")
+        pick_gpu()
+        self.service = Service(config)
+        self.service.load()  # blocking: the replica counts as started once its model is in
+        self.service.start_workers()
+        self.app = create_app(config, self.service)
+
+    def info(self) -> dict:
+        """What the ingress needs to route: the KV block size (a prefix hit is rounded down to it)
+        and the process, for logs and for the fault tests."""
+        model = self.service.model
+        return {"block_size": model.pool.block_size, "pid": os.getpid(), "model": self.service.model_id,
+                "n_ctx": model.n_ctx, "backend": model.backend_name}
+
+    def metrics(self) -> str:
+        svc = self.service
+        return svc.metrics.render(svc.model.engine)
+
+    def check_health(self) -> None:
+        thread = self.service._thread
+        if thread is None or not thread.is_alive():
+            raise RuntimeError("the engine thread is not running")
+
+    async def handle(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                     body: bytes) -> AsyncIterator[object]:
+        """One HTTP exchange with the replica's `infr serve` app: yields {"status", "headers"},
+        then body chunks as they are sent. Closing the generator (the client left, the ingress gave
+        up) disconnects the app, which cancels the generation and frees its KV blocks."""
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+                 "query_string": query, "headers": headers, "client": ("ingress", 0),
+                 "server": ("replica", 0), "state": {}}
+        sent: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.Event()
+        body_read = False
+
+        async def receive() -> dict:
+            nonlocal body_read
+            if not body_read:
+                body_read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.put_nowait(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, send))
+        task.add_done_callback(lambda _: sent.put_nowait(None))
+        try:
+            while True:
+                message = await sent.get()
+                if message is None:  # the app returned without finishing its response
+                    task.result()
+                    raise RuntimeError("the replica's app ended without a response")
+                if message["type"] == "http.response.start":
+                    yield {"status": message["status"], "headers": list(message.get("headers", []))}
+                elif message["type"] == "http.response.body":
+                    if message.get("body"):
+                        yield bytes(message["body"])
+                    if not message.get("more_body", False):
+                        return
+        finally:
+            gone.set()
+            if not task.done():
+                try:
+                    await asyncio.wait_for(task, timeout=5)  # the app sees the disconnect and cleans up
+                except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                    task.cancel()
+
+
+def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoing: int, drain_s: float,
+                       replicas: int = 1, max_replicas: int | None = None) -> dict:
+    """Serve options of one replica slot (or, with max_replicas, of an autoscaled group). Ray waits
+    up to drain_s for a replica's requests in flight before it stops it (the shutdown drain)."""
+    opts: dict = {"name": name, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
+                  "max_ongoing_requests": max_ongoing, "graceful_shutdown_timeout_s": drain_s,
+                  "graceful_shutdown_wait_loop_s": 0.5, "health_check_period_s": 5, "health_check_timeout_s": 30}
+    if max_replicas is None:
+        opts["num_replicas"] = replicas
+    else:
+        opts["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
+                                      "target_ongoing_requests": 2}
+    return opts
+
+
+def deployment(name: str, config: ServeConfig, **kw):
+    """The bound deployment running `config` with deployment_options(name, **kw)."""
+    return serve.deployment(EngineReplica).options(**deployment_options(name, **kw)).bind(config)
