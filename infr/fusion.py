@@ -4,8 +4,9 @@ Kinds: "qkv" (two or three matmuls of one input: one GEMV over stacked rows),
 "gate_up" (the gate and up matmuls and their activation), "rope_store" (rope of
 q and k, then the KV store of that k), "norm_rope_store" (a rope_store with the
 per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
-"residual" (a matmul or MoE and the add of its output into the stream) and "op" (one op
-alone). The groups are part of the plan,
+"residual" (a matmul or MoE and the add of its output into the stream), "norm_residual"
+(a post-norm and the add of its output into the stream, and a Mul of the stream after it:
+gemma's post-norms, gemma4's layer_output_scale) and "op" (one op alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -16,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infr.ops import Add, GatedAct, MatMul, MoE, Op, RMSNorm, Rope, StoreKV
+from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 
 
 @dataclass(frozen=True)
 class Group:
-    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | op
+    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | norm_residual | op
     ops: tuple[Op, ...]
 
 
@@ -43,6 +44,9 @@ def groups(ops) -> tuple[Group, ...]:
             g = Group("rope_store", tuple(ops[i : i + 3]))
         elif i + 1 < len(ops) and is_residual(ops[i], ops[i + 1]):
             g = Group("residual", tuple(ops[i : i + 2]))
+        elif i + 1 < len(ops) and is_norm_residual(ops[i], ops[i + 1]):
+            scaled = i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == ops[i + 1].dst
+            g = Group("norm_residual", tuple(ops[i : i + (3 if scaled else 2)]))
         else:
             g = Group("op", (ops[i],))
         out.append(g)
@@ -128,4 +132,13 @@ def is_residual(op, nxt) -> bool:
     return (
         isinstance(op, (MatMul, MoE)) and isinstance(nxt, Add) and nxt.dst != op.dst
         and {nxt.a, nxt.b} == {nxt.dst, op.dst}
+    )
+
+
+def is_norm_residual(norm, add) -> bool:
+    """RMSNorm(o) of whole rows, then Add(x, x, o): the norm's output read by that Add alone (the
+    plan builder writes post-norms so)."""
+    return (
+        isinstance(norm, RMSNorm) and isinstance(add, Add) and norm.group is None
+        and {add.a, add.b} == {add.dst, norm.dst} and add.dst != norm.dst and norm.src != add.dst
     )

@@ -1,8 +1,8 @@
 """The plan's fusion groups (infr/fusion.py) on the three real models: they cut the
 body into runs without losing or reordering an op, and each layer's runs are the
 ones its family fuses on the GPU (q|k|v stacked, rope + KV store, gate||up, the
-residual adds folded into the matmuls before them; Gemma-3's post-norms keep its
-residual adds apart, and its QK-norms join rope + KV store)."""
+residual adds folded into the matmuls before them; Gemma-3's post-norms take its
+residual adds, and its QK-norms join rope + KV store)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from infr.ops import MatMul
 from infr.plan import build_plan
 
 LLAMA_LAYER = ["op:RMSNorm", "qkv", "rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
-GEMMA3_LAYER = ["op:RMSNorm", "qkv", "norm_rope_store", "op:Attention", "op:MatMul",
-                "op:RMSNorm", "op:Add", "op:RMSNorm", "gate_up", "op:MatMul", "op:RMSNorm", "op:Add"]
+GEMMA3_LAYER = ["op:RMSNorm", "qkv", "norm_rope_store", "op:Attention", "op:MatMul", "norm_residual",
+                "op:RMSNorm", "gate_up", "op:MatMul", "norm_residual"]
 LAYERS = {"smollm2_path": LLAMA_LAYER, "qwen_coder_path": LLAMA_LAYER, "gemma3_path": GEMMA3_LAYER}
 
 

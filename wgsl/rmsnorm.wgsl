@@ -18,6 +18,8 @@ const WG: u32 = 256u;
 
 var<workgroup> partial: array<f32, WG>;
 
+// #include rms_common
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     // The guard is uniform (params and workgroup id only), so barriers below stay legal.
@@ -25,28 +27,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let base = wid.y * params.width + wid.x * params.group;
-    // Four independent loads per step: a plain strided loop waits on each load in turn.
-    var s4 = vec4<f32>(0.0);
-    var i = tid;
-    for (; i + 3u * WG < params.group; i += 4u * WG) {
-        let v = vec4<f32>(x[base + i], x[base + i + WG], x[base + i + 2u * WG], x[base + i + 3u * WG]);
-        s4 += v * v;
-    }
-    for (; i < params.group; i += WG) {
-        let v = x[base + i];
-        s4.x += v * v;
-    }
-    let s = (s4.x + s4.y) + (s4.z + s4.w);
-    partial[tid] = s;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            partial[tid] += partial[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    // Same expression shape as the reference: x * (1 / sqrt(ms + eps)) * g.
-    let inv = 1.0 / sqrt(partial[0] / f32(params.group) + params.eps);
+    let inv = row_inv(base, tid);
     var k = tid;
     for (; k + 3u * WG < params.group; k += 4u * WG) {
         let v = vec4<f32>(x[base + k], x[base + k + WG], x[base + k + 2u * WG], x[base + k + 3u * WG]);

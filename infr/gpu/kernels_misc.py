@@ -174,6 +174,16 @@ def rmsnorm_dispatch(
     return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y]), (width // group, T, 1), "rmsnorm")
 
 
+def rmsnorm_add_dispatch(kernels: Kernels, x, g, resid, y, width: int, eps: float, T: int, w=None, w_width: int = 1,
+                         scale: float = 1.0) -> Dispatch:
+    """y = resid + rmsnorm(x) * g (a post-norm residual add), then with w: y = (y * scale) * w[i % w_width]."""
+    pipe = kernels.pipeline("rmsnorm_add", "main", SCALE="true" if w is not None else "false")
+    p = _params(kernels, _pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps), ("T", "u32", T),
+                                ("scale", "f32", scale), ("w_width", "u32", w_width)]), None, "rmsnorm_add")
+    return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y, resid, w if w is not None else _dummy(kernels)]),
+                    (1, T, 1), "rmsnorm_add")
+
+
 def rope_dispatch(
     kernels: Kernels, x, pg: Paging, n_heads: int, head_dim: int, n_rot: int, theta: float, freq_scale: float,
     style: str, T: int, factors=None, params=None,

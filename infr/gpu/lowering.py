@@ -10,6 +10,7 @@ the buffers and KV store and runs the graphs this builds.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from infr import fusion
@@ -108,6 +109,18 @@ class Lowering:
         if op.layer in self.be.host_moe:
             return self.op(op) + self.op(add)
         return KMoE.moe_dispatches(self, op, add)
+
+    def norm_residual(self, norm: RMSNorm, add: Add, mul: Mul | None = None) -> list[Dispatch]:
+        """x = x + rmsnorm(o) (then * the Mul's scale and weight) in one rmsnorm_add dispatch."""
+        be, w = self.be, self.be.widths
+        o, resid = self.current(norm.src), self.current(add.dst)
+        y = self.target(add.dst, add.dst)
+        g = be.weights[norm.weight][0] if norm.weight else _ones(be, w[norm.src])
+        extra = {}
+        if mul is not None:
+            extra = dict(w=be.weights[mul.weight][0], w_width=math.prod(be.gf.tensor(mul.weight).shape),
+                         scale=mul.scale)
+        return [KS.rmsnorm_add_dispatch(self.k, o, g, resid, y, w[norm.src], norm.eps, self.rows, **extra)]
 
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be

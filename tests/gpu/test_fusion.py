@@ -182,3 +182,30 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path):
     assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1, labels  # attention, FFN, and the head's
     prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
     assert_gpu_follows_cpu(g, c, prompt, 6)
+
+
+@pytest.mark.parametrize("width,w_width", [(640, 0), (1536, 1), (1152, 1152), (100, 1)])
+def test_rmsnorm_add_equals_the_unfused_ops(gpu, kernels, width, w_width):
+    """rmsnorm_add (fusion.py's norm_residual) gives word for word what rmsnorm, add and gemma4's
+    Mul (layer_output_scale: one value or a vector) give one after another."""
+    from infr.gpu import kernels_gemma4 as KG4
+    from infr.gpu import kernels_misc as KS
+
+    rng = np.random.default_rng(width + w_width)
+    T, eps, scale = 3, 1e-6, 0.75
+    o = (rng.standard_normal((T, width)) * 3).astype(np.float32)
+    x = rng.standard_normal((T, width)).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, width).astype(np.float32)
+    w = rng.uniform(0.2, 1.2, max(w_width, 1)).astype(np.float32)
+    ob, xb, gb, wb = (storage(gpu, a) for a in (o, x, g, w))
+    normed, added = storage(gpu, o.nbytes), storage(gpu, x.nbytes)
+    ds = [KS.rmsnorm_dispatch(kernels, ob, gb, normed, width, None, eps, T), KS.add_dispatch(kernels, xb, normed, added, T * width)]
+    if w_width:
+        ds.append(KG4.mul_dispatch(kernels, added, wb, T * width, w_width, scale))
+    run(gpu, ds)
+    fused = storage(gpu, x.nbytes)
+    extra = dict(w=wb, w_width=w_width, scale=scale) if w_width else {}
+    run(gpu, [KS.rmsnorm_add_dispatch(kernels, ob, gb, xb, fused, width, eps, T, **extra)])
+    want, got = read(gpu, added, np.uint32, T * width), read(gpu, fused, np.uint32, T * width)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, x.view(np.uint32).reshape(-1))  # it did add something

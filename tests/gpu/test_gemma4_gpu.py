@@ -127,7 +127,8 @@ def test_tiny_gemma4_follows_the_cpu_reference(gpu, files, preset, weights):
     assert plan.cpu_only == ()
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     body = {d.label for d in g._graph(1, 1)[0].dispatches}
-    assert "gated_gelu_f16" in body and "mul" in body
+    # the post-norms with their residual adds and the layer_output_scale Mul: one rmsnorm_add each
+    assert "gated_gelu_f16" in body and "rmsnorm_add" in body and "add" not in body
     assert ("add_scaled" in body) == (preset == "tiny-gemma4-e2b")  # the per-layer inputs
     assert ("expert_scale" in body) == (preset == "tiny-gemma4-moe")
     # past the 8-token window; seed 22: in tiny-gemma4-moe its router picks (prompt and decode) win by
