@@ -6,7 +6,6 @@
 //   table (numerics.gelu_f16_table) at the f16 bits of g, so both backends agree bit for bit.
 // mul: x[i] = (x[i] * scale) * w[i % width] in place (width 1: one value for every element).
 // add_scaled: y[i] = (a[i] + b[i]) * scale.
-// expert_scale: x[i] *= w[ids[i / width]] in place (a MoE pair's output times its expert's scale).
 
 struct Params {
     n: u32,
@@ -25,10 +24,9 @@ const WG: u32 = 256u;
 @group(0) @binding(2) var<storage, read> u: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> table: array<f32>;
-// the in-place entries: x, and w (a vector, or the experts' scales) and ids
+// the in-place entry (mul): x, and w (a vector, or one value)
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(5) var<storage, read> ids: array<u32>;
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
@@ -70,13 +68,4 @@ fn add_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
         return;
     }
     y[i] = (g[i] + u[i]) * params.scale;
-}
-
-@compute @workgroup_size(WG)
-fn expert_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
-    if (i >= params.n) {
-        return;
-    }
-    x[i] = x[i] * w[ids[i / params.width]];
 }

@@ -2,7 +2,9 @@
 // expert; wts[a] its router weight.
 // combine: dst[t] = sum over s, in selection order, of src[a] * wts[a] (src[a] alone when
 //   the weight was applied before the expert): the experts' sum, as the CPU reference adds it;
-//   with `resid`, resid[t] + that sum (the residual add after the MoE: one dispatch fewer).
+//   with `resid`, resid[t] + that sum (the residual add after the MoE: one dispatch fewer); with
+//   `scaled` (gemma4's per-expert output scales), src[a] * scales[ids[a]] first, as expert_scale
+//   (kernels_gemma4) would leave it in place.
 // scale_rows: dst[a] = src[t] * wts[a]: llama4's input scaled by the weight before the expert.
 // dispatch (ceil(D / 256), rows, 1): rows = T (combine) or T * n_used (scale_rows) = params.T.
 
@@ -12,6 +14,7 @@ struct Params {
     T: u32,         // output rows
     weighted: u32,  // combine: multiply by wts
     resid: u32,     // combine: add the sum to resid's row
+    scaled: u32,    // combine: each pair's row times its expert's scale first
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -19,6 +22,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> wts: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(4) var<storage, read> resid: array<f32>;  // combine only
+@group(0) @binding(5) var<storage, read> scales: array<f32>;  // combine only: [n_expert]
+@group(0) @binding(6) var<storage, read> ids: array<u32>;  // combine only: each pair's expert
 
 @compute @workgroup_size(256)
 fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31,6 +36,9 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var s = 0u; s < params.K; s++) {
         let a = t * params.K + s;
         var v = src[a * params.D + c];
+        if (params.scaled != 0u) {
+            v = v * scales[ids[a]];
+        }
         if (params.weighted != 0u) {
             v = v * wts[a];
         }

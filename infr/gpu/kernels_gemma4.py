@@ -61,11 +61,6 @@ def add_scaled_dispatch(kernels: Kernels, a, b, y, n: int, scale: float) -> Disp
     return _dispatch(kernels, "add_scaled", _pack(n, scale=scale), [a, b, y], n, "add_scaled")
 
 
-def expert_scale_dispatch(kernels: Kernels, ys, scales, ids, D: int, A: int) -> Dispatch:
-    """ys[a] *= scales[ids[a]] for the A (token, slot) pairs' rows of D values, in place."""
-    return _dispatch(kernels, "expert_scale", _pack(A * D, D), [ys, scales, None, None, ids], A * D, "expert_scale")
-
-
 _ones: "weakref.WeakKeyDictionary[Kernels, object]" = weakref.WeakKeyDictionary()
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from infr.errors import UnsupportedError
-from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_mmq as KMQ
@@ -88,18 +87,24 @@ def route_dispatch(kernels: Kernels, logits, ids, wts, m: MoESpec, T: int) -> Di
 
 
 def _rows_dispatch(kernels: Kernels, entry: str, src, wts, dst, D: int, K: int, rows: int, weighted: bool,
-                  resid=None) -> Dispatch:
+                  resid=None, scales=None) -> Dispatch:
     pipe = kernels.pipeline("moe_combine", entry)
     p = KS._params(kernels, KS._pack([("D", "u32", D), ("K", "u32", K), ("T", "u32", rows),
-                                      ("weighted", "u32", int(weighted)), ("resid", "u32", int(resid is not None))]),
-                   None, f"moe_{entry}")
-    res = [p, src, wts, dst] + ([resid if resid is not None else KS._dummy(kernels)] if entry == "combine" else [])
+                                      ("weighted", "u32", int(weighted)), ("resid", "u32", int(resid is not None)),
+                                      ("scaled", "u32", int(scales is not None))]), None, f"moe_{entry}")
+    res = [p, src, wts, dst]
+    if entry == "combine":
+        dummy = KS._dummy(kernels)
+        sc, ids = scales if scales is not None else (dummy, dummy)
+        res += [resid if resid is not None else dummy, sc, ids]
     return Dispatch(pipe, kernels.bind(pipe, res), (-(-D // COMBINE_WG), rows, 1), f"moe_{entry} {D}")
 
 
-def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weighted: bool, resid=None) -> Dispatch:
-    """y[t] = sum_s ys[t * K + s] (* wts[t * K + s]), s in selection order (+ resid[t]: the residual add)."""
-    return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted, resid)
+def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weighted: bool, resid=None,
+                     scales=None) -> Dispatch:
+    """y[t] = sum_s ys[t * K + s] (* scales[ids[t * K + s]]) (* wts[t * K + s]), s in selection order
+    (+ resid[t]: the residual add). scales: (per-expert scales, ids) or None."""
+    return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted, resid, scales)
 
 
 def _output(lower, op: MoE, add: Add | None):
@@ -340,10 +345,10 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
-    if op.scales:  # gemma4: each pair's output times its expert's scale, before the router's weight
-        ds.append(KG4.expert_scale_dispatch(k, ys, be.weights[op.scales][0], ids, n_in, A))
+    # gemma4: each pair's output times its expert's scale, before the router's weight (in the combine)
+    scales = (be.weights[op.scales][0], ids) if op.scales else None
     y, resid = _output(lower, op, add)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid))
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid, scales=scales))
     return ds
 
 

@@ -166,7 +166,8 @@ def test_gemma4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     _run_tiny(tmp_path, "tiny-gemma4-e2b")
     _run_tiny(tmp_path, "tiny-gemma4-moe", "F32")
     entries = {k[1] for k in asked if k[0] == "gemma4"}
-    assert entries == {"gated_gelu_f16", "mul", "add_scaled", "expert_scale"}, entries
+    assert entries == {"gated_gelu_f16", "mul", "add_scaled"}, entries  # the experts' scales: in moe_combine
+    assert {k[0] for k in asked} >= {"moe_combine", "rmsnorm_add", "rope_kv"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
