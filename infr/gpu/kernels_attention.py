@@ -28,6 +28,7 @@ sum first, hence a scores/stats pass ahead of the V pass in both kernels.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -183,20 +184,78 @@ def split_dispatches(
     ]
 
 
+@dataclass(frozen=True)
+class Tiled2:
+    """attn_tiled2's tiling for one shape: M query slots (HG heads x M / HG rows)
+    per workgroup of WG invocations, QPI slots each; 32-key tiles."""
+
+    M: int
+    HG: int
+    QPI: int
+
+    @property
+    def WG(self) -> int:
+        return self.M // self.QPI * 16
+
+    @property
+    def R(self) -> int:
+        return self.M // self.HG
+
+    def consts(self, head_dim: int, v_head_dim: int) -> dict:
+        kvw = max(head_dim, v_head_dim) // 2 + 1
+        return dict(WG=self.WG, M=self.M, HG=self.HG, QPI=self.QPI, HD=head_dim, VD=v_head_dim, KVW=kvw,
+                    KVN=max(32 * kvw, self.M * 32))
+
+    def workgroup_bytes(self, head_dim: int, v_head_dim: int) -> int:
+        c = self.consts(head_dim, v_head_dim)
+        return 4 * (self.M * (head_dim // 2 + 1) + c["KVN"] + self.M * 17)
+
+
+def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> Tiled2:
+    """64 slots of 4 per invocation up to head dim 128 (29 KiB of workgroup memory at 128);
+    past it 16 slots of 2 (a 256-dim K tile alone is 16 KiB). HG: the largest power of two
+    dividing the GQA group, at most 8 (the rows of a block share the kv head's tiles)."""
+    M, QPI = (64, 4) if max(head_dim, v_head_dim) <= 128 else (16, 2)
+    group = n_heads // kv_heads
+    hg = 1
+    while hg < 8 and group % (2 * hg) == 0:
+        hg *= 2
+    return Tiled2(M, min(hg, M), QPI)
+
+
+def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> int:
+    """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) where the device's workgroup
+    memory holds its tiles, else 1 (attn_tiled); INFR_ATTN_TILED=1 forces the old one."""
+    if os.environ.get("INFR_ATTN_TILED", "2") == "1" or head_dim % 2 or v_head_dim % 4:
+        return 1
+    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
+    return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
+
+
 def tiled_dispatch(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, chunk: int | None = None,
+    kernel: int | None = None,
 ) -> Dispatch:
-    """Prefill attention for T rows, 16 queries of one head per workgroup (any
-    rows; a block of 16 rows of one sequence walks its keys once)."""
+    """Prefill attention for T rows (any rows; a block of rows of one sequence walks its keys
+    once). `kernel` 2: attn_tiled2, the query heads of a kv head and a block of rows per
+    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup; None:
+    tiled_kernel's choice."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if max(head_dim, v_head_dim) > TILED_MAX_DIM:
         raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
-    pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
-                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
+    if (kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim)) == 2:
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+        pipe = kernels.pipeline("attn_tiled2", "main", BS=pg.block_size, **t.consts(head_dim, v_head_dim))
+        return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
+                        (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
+    pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
+                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
     return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
                     (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 

@@ -141,7 +141,7 @@ def test_rounded_output(gpu, kernels, tune, path):
     ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
                                  n_heads, kv_heads, hd, vd, 1.0 / np.sqrt(hd), None, None, T, n_ctx=n_ctx, xq=xq)
     labels = [d.label.split()[0] for d in ds]
-    assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled", "quantize_q8"]
+    assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled2", "quantize_q8"]
     n_kv = {"one_pass": 30, "split_k": 250, "tiled": 200}[path]  # one-pass up to 40 keys, split-K past them
     _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
     M.write_rows(gpu, pg, np.arange(n_kv - T, n_kv), 0)
@@ -176,11 +176,20 @@ TILED_CASES = {
     "gqa8_d256_T37_window": (8, 1, 256, 256, 45, 37, 20, None),
     "gqa2_dk96_dv64_T17_window_softcap": (4, 2, 96, 64, 9, 17, 5, 5.0),
     "gqa4_d128_T16": (4, 1, 128, 128, 3, 16, None, None),
+    # attn_tiled2's tilings: HG heads x 64 / HG rows (16 slots past dim 128), partial blocks
+    "mha_d128_T70_from0": (2, 2, 128, 128, 0, 70, None, None),
+    "gqa8_d128_T45_late": (16, 2, 128, 128, 61, 45, None, None),
+    "gqa16_d64_T21_window": (16, 1, 64, 64, 30, 21, 33, None),  # two workgroups of 8 heads per kv head
+    "gqa6_d128_T40": (12, 2, 128, 128, 5, 40, None, None),  # HG 2: three workgroups per kv head
+    "gqa4_d256_T45_late_softcap": (8, 2, 256, 256, 77, 45, None, 30.0),
+    "gqa1_d256_T19_window": (2, 2, 256, 256, 40, 19, 16, None),
+    "gqa2_dk256_dv128_T33": (4, 2, 256, 128, 2, 33, None, None),
 }
 
 
+@pytest.mark.parametrize("kernel", [1, 2])
 @pytest.mark.parametrize("case", list(TILED_CASES))
-def test_tiled_prefill(gpu, kernels, case):
+def test_tiled_prefill(gpu, kernels, case, kernel):
     n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
     n_kv = start + T
     n_ctx = n_kv + 20
@@ -192,7 +201,8 @@ def test_tiled_prefill(gpu, kernels, case):
     out = storage(gpu, T * n_heads * vd * 4)
     scale = 1.0 / np.sqrt(hd)
     d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_ctx), n_heads,
-                          kv_heads, hd, vd, scale, window, softcap, T)
+                          kv_heads, hd, vd, scale, window, softcap, T, kernel=kernel)
+    assert d.label.split()[0] == ("attn_tiled2" if kernel == 2 else "attn_tiled")
     run(gpu, [d])
     got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
     want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
@@ -208,7 +218,7 @@ def test_lowering_picks_the_kernel(gpu, kernels):
     both = ["attention", "attn_scores", "attn_values", "attn_combine"]  # no n_ctx: long; the length picks one
     assert pick(1, 64) == both
     assert pick(KA.SPLIT_MAX_T, 64) == both
-    assert pick(KA.SPLIT_MAX_T + 1, 64) == ["attn_tiled"]
+    assert pick(KA.SPLIT_MAX_T + 1, 64) == ["attn_tiled2"]
     assert pick(37, 512) == ["attention"]  # past the tiled kernel's workgroup memory: the one-pass kernel
     def labels(n_ctx):
         return [d.label.split()[0] for d in KA.attention_dispatches(
@@ -301,7 +311,7 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, tune):
     want = cpu_be.forward(ids, 0, n_logits=4)
     np.testing.assert_allclose(got, want, atol=5e-2 * np.abs(want).max(), rtol=0)
     tiled = [d.label.split()[0] for d in gpu_be._graph(37, 4)[0].dispatches]
-    assert tiled.count("attn_tiled") == n
+    assert tiled.count("attn_tiled2") == n
     for pos in (150, 165, 166):  # decode: one-pass, then split-K with keys in chunk 1 (and 0 for the global layer)
         assert gpu_be._far(pos, 1) == (pos >= 160)
         tok = int(np.argmax(want[-1]))

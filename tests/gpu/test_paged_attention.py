@@ -181,7 +181,8 @@ def test_attention_kernels_paged(gpu, kernels, tune, case, shape, bs, window):
         "split_k": KA.split_dispatches(kernels, qb, kcb, vcb, out, pg, scratch, *args),
         "split_k_P2": KA.split_dispatches(kernels, qb, kcb, vcb, out, pg, scratch, *args, parallel=2),
         "switch": switch,
-        "tiled": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args)],
+        "tiled": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=2)],
+        "tiled_old": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=1)],
     }
     for name, ds in lowerings.items():
         gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))

@@ -1,0 +1,69 @@
+"""Prefill attention: attn_tiled (old) against attn_tiled2 (new) at T = 512, one
+sequence from position 0, on whatever adapter is present.
+
+    python3 perf/attn_prefill_time.py                # T=512, the three shapes below
+    python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
+
+Shapes (query heads, kv heads, head dim): Llama-3.1-8B (32, 8, 128), Qwen3-30B-A3B
+(32, 4, 128), Gemma-like (16, 8, 256). Each kernel is built through infr's own
+dispatch machinery (kernels_attention.tiled_dispatch), warmed up, then REPS calls are
+encoded in one compute pass and the submit is timed to a read-back (perf/timing.py,
+best of 3): µs per call = per layer. The outputs of the two kernels are compared too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import seconds_per_rep
+
+from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_misc as KS
+from infr.gpu.device import get_device
+from infr.gpu.runtime import Kernels, read, run, storage
+
+SHAPES = [(32, 8, 128), (32, 4, 128), (16, 8, 256)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    dev = get_device()
+    kern = Kernels(dev)
+    print(f"adapter: {dev.name}; T={a.T} from position 0, {a.reps} calls a pass, best of 3")
+    print(f"{'shape (H/Hkv x D)':<20} {'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
+    rng = np.random.default_rng(0)
+    T = a.T
+    for n_heads, kv_heads, hd in SHAPES:
+        n_ctx = T
+        kc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        vc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
+        outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
+        pg = KS.single_sequence(dev, 0, T, n_ctx)
+        args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
+        us, got = [], []
+        for i, kernel in enumerate((1, 2)):
+            d = KA.tiled_dispatch(kern, q, kc, vc, outs[i], pg, *args, kernel=kernel)
+            run(dev, [d])  # compile and warm up
+            got.append(read(dev, outs[i], count=T * n_heads * hd))
+            us.append(seconds_per_rep(dev, [[d]], a.reps, outs[i]) * 1e6)
+        # causal: T(T+1)/2 scores a head; 2 FLOPs a MAC in q.k and in p.V (the old and new kernels
+        # both compute q.k twice, counted once: the useful work)
+        flops = n_heads * T * (T + 1) / 2 * hd * 2 * 2
+        diff = float(np.abs(got[0] - got[1]).max())
+        print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>9.1f} {us[1]:>9.1f} {us[0] / us[1]:>7.2f}x "
+              f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+// Tiled prefill attention, register-blocked and GQA-shared (attn_tiled's
+// successor; same results). One workgroup per (HG query heads of one kv head,
+// block of R = M / HG batch rows): its M query slots (slot m = row m / HG,
+// head m % HG) all read the same kv head, so each K/V tile staged in
+// workgroup memory serves M queries (attn_tiled: 16). Dispatch
+// (n_heads / HG, ceil(T / R), 1), row blocks taken last-first so the long
+// causal ones start early.
+//
+// Invocation (qg, lane), qg = tid / 16: query slots qg * QPI .. + QPI, and
+// keys 2 lane, 2 lane + 1 of each BK = 32-key tile (a QPI x 2 micro-tile of
+// scores: every q/k word read from workgroup memory feeds several MACs), then
+// vec4 output columns lane, lane + 16, ... of p . V for the same slots.
+//
+// As the reference (infr/cpu/ops.py attention): q rounded to f16, K/V the f16
+// cache, the *normalised* probabilities rounded to f16 before they multiply V.
+// That needs each row's final max and sum first, so pass 1 walks the tiles for
+// an online (max, sum) per slot and lane (merged over the 16 lanes at the end)
+// and pass 2 walks them again: p = f16(exp(s - max) / sum) into a tile of f16
+// pairs, then the V tile over the K tile's space, and p . V.
+//
+// Rows carry their own position and sequence slot (attn_common): one walk per
+// distinct sequence among the block's rows, each row taking part only in its
+// own (one walk for a prefill chunk). Keys outside the walk's union of ranges
+// are staged as zeros and never read from the cache (released sliding-window
+// blocks, poisoned rows past the length). Each key's cache row goes through the
+// block table (a 32-key tile may straddle 16-position blocks). Padding rows
+// write zeros. HD % 2 == 0, VD % 4 == 0, both at most 256.
+
+// #include attn_common
+
+const WG: u32 = {{WG}}u;         // (M / QPI) * 16
+const M: u32 = {{M}}u;           // query slots of a workgroup
+const HG: u32 = {{HG}}u;         // query heads of a workgroup (one kv head's, a power of two dividing M)
+const R: u32 = M / HG;           // batch rows of a workgroup
+const QPI: u32 = {{QPI}}u;       // query slots per invocation
+const BK: u32 = 32u;             // keys per tile: 16 lanes x 2
+const HD: u32 = {{HD}}u;
+const VD: u32 = {{VD}}u;
+const HW: u32 = HD / 2u;         // u32 words (f16 pairs) of a q / k row
+const VW: u32 = VD / 2u;
+const QS: u32 = HW + 1u;         // row strides padded against bank conflicts
+const KVW: u32 = {{KVW}}u;       // max(HD, VD) / 2 + 1
+const KVN: u32 = {{KVN}}u;       // max(BK * KVW, M * 32): also the (max, sum) merge's scratch
+const PS: u32 = BK / 2u + 1u;    // f16-pair words of a probability row, padded
+const NV: u32 = (VD / 4u + 15u) / 16u;  // vec4 output columns per invocation and slot
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> kcache: array<u32>;
+@group(0) @binding(3) var<storage, read> vcache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> state: array<u32>;
+@group(0) @binding(6) var<storage, read> rows: array<u32>;
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
+
+// #include paging
+
+var<workgroup> qs: array<u32, M * QS>;
+var<workgroup> kv: array<u32, KVN>;
+var<workgroup> probs: array<u32, M * PS>;
+
+// K (or V: W = VW) rows of keys kb .. kb + BK of the sequence at table tb; keys outside [lo, hi) zeros.
+fn load_k(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
+    for (var i = tid; i < BK * HW; i += WG) {
+        let r = i / HW;
+        let w = i % HW;
+        var word = 0u;
+        let p = kb + r;
+        if (p >= lo && p < hi) {
+            word = kcache[(cache_row(tb, p) * params.kv_heads + kvh) * HW + w];
+        }
+        kv[r * KVW + w] = word;
+    }
+}
+
+fn load_v(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
+    for (var i = tid; i < BK * VW; i += WG) {
+        let r = i / VW;
+        let w = i % VW;
+        var word = 0u;
+        let p = kb + r;
+        if (p >= lo && p < hi) {
+            word = vcache[(cache_row(tb, p) * params.kv_heads + kvh) * VW + w];
+        }
+        kv[r * KVW + w] = word;
+    }
+}
+
+// Raw q . k of this invocation's QPI slots against keys 2 lane, 2 lane + 1 of the staged tile.
+fn scores(qg: u32, lane: u32) -> array<vec2<f32>, QPI> {
+    var s0: array<vec2<f32>, QPI>;  // partial sums (even, odd dims) against key 2 lane
+    var s1: array<vec2<f32>, QPI>;  // ... against key 2 lane + 1
+    let k0 = 2u * lane * KVW;
+    let k1 = k0 + KVW;
+    let qb = qg * QPI * QS;
+    for (var w = 0u; w < HW; w++) {
+        let a = halves(kv[k0 + w]);
+        let b = halves(kv[k1 + w]);
+        for (var i = 0u; i < QPI; i++) {
+            let x = halves(qs[qb + i * QS + w]);
+            s0[i] += x * a;
+            s1[i] += x * b;
+        }
+    }
+    var s: array<vec2<f32>, QPI>;
+    for (var i = 0u; i < QPI; i++) {
+        s[i] = vec2<f32>(finish_score(s0[i].x + s0[i].y, params.scale, params.softcap),
+                         finish_score(s1[i].x + s1[i].y, params.scale, params.softcap));
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let h0 = wid.x * HG;
+    let kvh = h0 / (params.n_heads / params.kv_heads);
+    let t0 = (nwg.y - 1u - wid.y) * R;
+    var nq = 0u;  // live rows of this block
+    if (t0 < state[1]) {
+        nq = min(R, state[1] - t0);
+    }
+    let qg = tid / 16u;
+    let lane = tid % 16u;
+
+    for (var i = tid; i < M * HW; i += WG) {
+        let m = i / HW;
+        let w = i % HW;
+        let r = m / HG;
+        var word = 0u;
+        if (r < nq) {
+            let b = ((t0 + r) * params.n_heads + h0 + m % HG) * HD + 2u * w;
+            word = pack_f16(q[b], q[b + 1u]);  // the f16 rounding of q
+        }
+        qs[m * QS + w] = word;
+    }
+
+    // This invocation's slots: their rows' key ranges (none for padding rows).
+    var lo: array<u32, QPI>;
+    var hi: array<u32, QPI>;
+    var slot_of: array<u32, QPI>;
+    for (var i = 0u; i < QPI; i++) {
+        let r = (qg * QPI + i) / HG;
+        let rk = row_keys(t0 + r);
+        lo[i] = rk.lo;
+        hi[i] = 0u;
+        slot_of[i] = 0xffffffffu;
+        if (r < nq) {
+            hi[i] = rk.hi;
+            slot_of[i] = rows[2u * (t0 + r) + 1u];
+        }
+    }
+
+    var acc: array<array<vec4<f32>, NV>, QPI>;
+    // One walk per sequence of the block, in the order of its first row.
+    for (var r = 0u; r < nq; r++) {
+        let slot = rows[2u * (t0 + r) + 1u];
+        var seen = false;
+        for (var e = 0u; e < r; e++) {
+            if (rows[2u * (t0 + e) + 1u] == slot) {
+                seen = true;
+                break;
+            }
+        }
+        if (seen) {
+            continue;
+        }
+        // The union of this sequence's rows' key ranges; tiles from a multiple of BK.
+        var u_lo = 0xffffffffu;
+        var u_hi = 0u;
+        for (var e = r; e < nq; e++) {
+            if (rows[2u * (t0 + e) + 1u] == slot) {
+                let p = rows[2u * (t0 + e)];
+                u_lo = min(u_lo, key_lo(p, params.window, params.chunk));
+                u_hi = max(u_hi, p + 1u);
+            }
+        }
+        let blk_lo = u_lo / BK * BK;
+        let tb = slot * params.blocks_per_seq;
+        var mine: array<bool, QPI>;
+        for (var i = 0u; i < QPI; i++) {
+            mine[i] = slot_of[i] == slot;
+        }
+
+        // Pass 1: online (max, sum) per slot over this lane's keys.
+        var ml: array<vec2<f32>, QPI>;
+        for (var i = 0u; i < QPI; i++) {
+            ml[i] = vec2<f32>(NEG_BIG, 0.0);
+        }
+        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+            workgroupBarrier();
+            load_k(kb, u_lo, u_hi, kvh, tid, tb);
+            workgroupBarrier();
+            let s = scores(qg, lane);
+            let j = kb + 2u * lane;
+            for (var i = 0u; i < QPI; i++) {
+                let in0 = mine[i] && j >= lo[i] && j < hi[i];
+                let in1 = mine[i] && j + 1u >= lo[i] && j + 1u < hi[i];
+                if (in0 || in1) {
+                    let x = select(NEG_BIG, s[i].x, in0);
+                    let y = select(NEG_BIG, s[i].y, in1);
+                    let mx = max(x, y);
+                    let sum = select(0.0, exp(x - mx), in0) + select(0.0, exp(y - mx), in1);
+                    ml[i] = merge_ml(ml[i], vec2<f32>(mx, sum));
+                }
+            }
+        }
+        workgroupBarrier();  // kv free: the merge's scratch
+        for (var i = 0u; i < QPI; i++) {
+            let e = ((qg * QPI + i) * 16u + lane) * 2u;
+            kv[e] = bitcast<u32>(ml[i].x);
+            kv[e + 1u] = bitcast<u32>(ml[i].y);
+        }
+        workgroupBarrier();
+        var row: array<vec2<f32>, QPI>;
+        for (var i = 0u; i < QPI; i++) {
+            let e = (qg * QPI + i) * 32u;
+            var v = vec2<f32>(NEG_BIG, 0.0);
+            for (var l = 0u; l < 16u; l++) {
+                v = merge_ml(v, vec2<f32>(bitcast<f32>(kv[e + 2u * l]), bitcast<f32>(kv[e + 2u * l + 1u])));
+            }
+            row[i] = v;
+        }
+
+        // Pass 2: p = f16(exp(s - max) / sum) as f16 pairs, then p . V.
+        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+            workgroupBarrier();  // kv and probs free (the previous tile's p . V, or the merge, read them)
+            load_k(kb, u_lo, u_hi, kvh, tid, tb);
+            workgroupBarrier();
+            let s = scores(qg, lane);
+            let j = kb + 2u * lane;
+            for (var i = 0u; i < QPI; i++) {
+                var b0 = 0u;
+                var b1 = 0u;
+                if (mine[i] && j >= lo[i] && j < hi[i]) {
+                    b0 = f16_bits(exp(s[i].x - row[i].x) / row[i].y);
+                }
+                if (mine[i] && j + 1u >= lo[i] && j + 1u < hi[i]) {
+                    b1 = f16_bits(exp(s[i].y - row[i].x) / row[i].y);
+                }
+                probs[(qg * QPI + i) * PS + lane] = b0 | (b1 << 16u);
+            }
+            workgroupBarrier();  // K read by all
+            load_v(kb, u_lo, u_hi, kvh, tid, tb);
+            workgroupBarrier();
+            for (var jw = 0u; jw < BK / 2u; jw++) {
+                let r0 = 2u * jw * KVW;
+                let r1 = r0 + KVW;
+                var p: array<vec2<f32>, QPI>;  // keys 2 jw, 2 jw + 1 of each slot
+                for (var i = 0u; i < QPI; i++) {
+                    p[i] = halves(probs[(qg * QPI + i) * PS + jw]);
+                }
+                for (var n = 0u; n < NV; n++) {
+                    let col = lane + n * 16u;
+                    if (col < VD / 4u) {
+                        let v0 = vec4<f32>(halves(kv[r0 + 2u * col]), halves(kv[r0 + 2u * col + 1u]));
+                        let v1 = vec4<f32>(halves(kv[r1 + 2u * col]), halves(kv[r1 + 2u * col + 1u]));
+                        for (var i = 0u; i < QPI; i++) {
+                            acc[i][n] += p[i].x * v0 + p[i].y * v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Live rows their output; padding rows of the block zeros (acc untouched), where the buffer has them.
+    let n_rows = arrayLength(&out) / (params.n_heads * (VD / 4u));
+    for (var i = 0u; i < QPI; i++) {
+        let m = qg * QPI + i;
+        let t = t0 + m / HG;
+        if (t < n_rows) {
+            for (var n = 0u; n < NV; n++) {
+                let col = lane + n * 16u;
+                if (col < VD / 4u) {
+                    out[(t * params.n_heads + h0 + m % HG) * (VD / 4u) + col] = acc[i][n];
+                }
+            }
+        }
+    }
+}
