@@ -249,15 +249,23 @@ def tiled_dispatch(
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
-    if (kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim)) == 2:
+    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim)
+    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel)
+    binds = kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table])
+    if kernel == 2:
         t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
-        pipe = kernels.pipeline("attn_tiled2", "main", BS=pg.block_size, **t.consts(head_dim, v_head_dim))
-        return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
-                        (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
-    pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
-                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
-                    (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+        return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
+    return Dispatch(pipe, binds, (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+
+
+def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
+                   kernel: int):
+    """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape."""
+    if kernel == 2:
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+        return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
+    return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
+                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)
 
 
 def split_from() -> int:

@@ -20,6 +20,7 @@ from infr.gpu.backend import GPUBackend
 from infr.models import build_spec
 from infr.numerics import INFR, LLAMACPP
 from infr.plan import build_plan
+from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
@@ -120,7 +121,7 @@ def test_llama4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     asked = _record_pipelines(monkeypatch)
     _run_tiny(tmp_path, "tiny-llama4")
     names = {k[0] for k in asked}
-    assert {"query_temp", "rmsnorm", "attention", "attn_tiled", "moe_route"} <= names, names
+    assert {"query_temp", "rmsnorm", "attention", "attn_tiled2", "moe_route"} <= names, names
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
@@ -219,5 +220,21 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMQ.mmq_pipeline(rec, q, tile, pair_act="silu", expert=True)
     assert len(asked) == (5 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
                           + 2 * len(KMQ.READERS) * len(KMQ.TILES))
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
+    """Both tiled prefill kernels on each tiling attn_tiled2 picks (64 slots of 4 up to head dim 128,
+    16 slots of 2 past it; 1 to 8 heads a workgroup) and the real models' head shapes."""
+    asked: set = set()
+    rec = _Recorder(gpu, asked)
+    shapes = [(2, 2, 64, 64), (8, 2, 64, 64), (32, 8, 128, 128), (32, 4, 128, 128), (64, 4, 128, 128),
+              (12, 2, 128, 128), (16, 8, 256, 256), (8, 1, 256, 256), (4, 2, 96, 64), (8, 4, 256, 128)]
+    for shape in shapes:
+        for kernel in (1, 2):
+            KA.tiled_pipeline(rec, *shape, 32, kernel)
+    KA.tiled_pipeline(rec, 8, 2, 64, 64, 16, 2)
+    assert {k[0] for k in asked} == {"attn_tiled", "attn_tiled2"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
