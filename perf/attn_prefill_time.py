@@ -3,6 +3,7 @@ sequence from position 0, on whatever adapter is present.
 
     python3 perf/attn_prefill_time.py                # T=512, the three shapes below
     python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
+    python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
 
 Shapes (query heads, kv heads, head dim): Llama-3.1-8B (32, 8, 128), Qwen3-30B-A3B
 (32, 4, 128), Gemma-like (16, 8, 256). Each kernel is built through infr's own
@@ -30,12 +31,17 @@ from infr.gpu.device import get_device
 from infr.gpu.runtime import Kernels, read, run, storage
 
 SHAPES = [(32, 8, 128), (32, 4, 128), (16, 8, 256)]
+# attn_tiled2 tilings (M slots, QPI slots an invocation, KPI keys an invocation) for --sweep; those
+# past the adapter's workgroup memory are left out (64,4,4 needs 41 KiB: NVIDIA's 48 KiB, not lavapipe's 32)
+SWEEP = [(64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 2), (32, 2, 2), (32, 4, 2), (128, 8, 2), (16, 2, 2), (16, 4, 2),
+         (16, 1, 2), (16, 2, 4), (32, 2, 4)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=512)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--sweep", action="store_true", help="also time attn_tiled2's other tilings that fit")
     a = ap.parse_args()
     dev = get_device()
     kern = Kernels(dev)
@@ -61,8 +67,22 @@ def main() -> None:
         # both compute q.k twice, counted once: the useful work)
         flops = n_heads * T * (T + 1) / 2 * hd * 2 * 2
         diff = float(np.abs(got[0] - got[1]).max())
+        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd)
         print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>9.1f} {us[1]:>9.1f} {us[0] / us[1]:>7.2f}x "
-              f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}")
+              f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI})")
+        if a.sweep:
+            mem = int(dev.limits.get("max-compute-workgroup-storage-size", 16384))
+            for tiling in SWEEP:
+                t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, tiling)
+                if t.workgroup_bytes(hd, hd) > mem or t.WG > 1024:
+                    continue
+                d = KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=2, tiling=tiling)
+                run(dev, [d])
+                diff = float(np.abs(got[0] - read(dev, outs[1], count=T * n_heads * hd)).max())
+                u = seconds_per_rep(dev, [[d]], a.reps, outs[1]) * 1e6
+                print(f"{'  tiling M,QPI,KPI':<20} {'':>9} {u:>9.1f} {us[0] / u:>7.2f}x {flops / u / 1e6:>12.2f} "
+                      f"{diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI}, WG {t.WG}, "
+                      f"{t.workgroup_bytes(hd, hd)} B)")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@
 // causal ones start early.
 //
 // Invocation (qg, lane), qg = tid / 16: query slots qg * QPI .. + QPI, and
-// keys 2 lane, 2 lane + 1 of each BK = 32-key tile (a QPI x 2 micro-tile of
-// scores: every q/k word read from workgroup memory feeds several MACs), then
-// vec4 output columns lane, lane + 16, ... of p . V for the same slots.
+// keys lane, lane + 16, ... of each BK = 16 KPI-key tile (a QPI x KPI
+// micro-tile of scores: every q/k word read from workgroup memory feeds
+// several MACs), then vec4 output columns lane, lane + 16, ... of p . V for
+// the same slots.
 //
 // As the reference (infr/cpu/ops.py attention): q rounded to f16, K/V the f16
 // cache, the *normalised* probabilities rounded to f16 before they multiply V.
@@ -33,7 +34,8 @@ const M: u32 = {{M}}u;           // query slots of a workgroup
 const HG: u32 = {{HG}}u;         // query heads of a workgroup (one kv head's, a power of two dividing M)
 const R: u32 = M / HG;           // batch rows of a workgroup
 const QPI: u32 = {{QPI}}u;       // query slots per invocation
-const BK: u32 = 32u;             // keys per tile: 16 lanes x 2
+const KPI: u32 = {{KPI}}u;       // keys per invocation and tile (even)
+const BK: u32 = 16u * KPI;       // keys per tile
 const HD: u32 = {{HD}}u;
 const VD: u32 = {{VD}}u;
 const HW: u32 = HD / 2u;         // u32 words (f16 pairs) of a q / k row
@@ -41,6 +43,7 @@ const VW: u32 = VD / 2u;
 const QS: u32 = HW + 1u;         // row strides padded against bank conflicts
 const KVW: u32 = {{KVW}}u;       // max(HD, VD) / 2 + 1
 const KVN: u32 = {{KVN}}u;       // max(BK * KVW, M * 32): also the (max, sum) merge's scratch
+const KP: u32 = KPI / 2u;        // f16-pair words of probabilities per invocation and slot
 const PS: u32 = BK / 2u + 1u;    // f16-pair words of a probability row, padded
 const NV: u32 = (VD / 4u + 15u) / 16u;  // vec4 output columns per invocation and slot
 
@@ -86,26 +89,26 @@ fn load_v(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
     }
 }
 
-// Raw q . k of this invocation's QPI slots against keys 2 lane, 2 lane + 1 of the staged tile.
-fn scores(qg: u32, lane: u32) -> array<vec2<f32>, QPI> {
-    var s0: array<vec2<f32>, QPI>;  // partial sums (even, odd dims) against key 2 lane
-    var s1: array<vec2<f32>, QPI>;  // ... against key 2 lane + 1
-    let k0 = 2u * lane * KVW;
-    let k1 = k0 + KVW;
+// Scores of this invocation's QPI slots against keys lane + 16 b (b < KPI) of the
+// staged tile, s[i * KPI + b]: scaled and soft-capped.
+fn scores(qg: u32, lane: u32) -> array<f32, QPI * KPI> {
+    var acc: array<vec2<f32>, QPI * KPI>;  // partial sums of (even, odd) dims
     let qb = qg * QPI * QS;
     for (var w = 0u; w < HW; w++) {
-        let a = halves(kv[k0 + w]);
-        let b = halves(kv[k1 + w]);
+        var k: array<vec2<f32>, KPI>;
+        for (var b = 0u; b < KPI; b++) {
+            k[b] = halves(kv[(lane + 16u * b) * KVW + w]);
+        }
         for (var i = 0u; i < QPI; i++) {
             let x = halves(qs[qb + i * QS + w]);
-            s0[i] += x * a;
-            s1[i] += x * b;
+            for (var b = 0u; b < KPI; b++) {
+                acc[i * KPI + b] += x * k[b];
+            }
         }
     }
-    var s: array<vec2<f32>, QPI>;
-    for (var i = 0u; i < QPI; i++) {
-        s[i] = vec2<f32>(finish_score(s0[i].x + s0[i].y, params.scale, params.softcap),
-                         finish_score(s1[i].x + s1[i].y, params.scale, params.softcap));
+    var s: array<f32, QPI * KPI>;
+    for (var e = 0u; e < QPI * KPI; e++) {
+        s[e] = finish_score(acc[e].x + acc[e].y, params.scale, params.softcap);
     }
     return s;
 }
@@ -192,15 +195,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             load_k(kb, u_lo, u_hi, kvh, tid, tb);
             workgroupBarrier();
             let s = scores(qg, lane);
-            let j = kb + 2u * lane;
             for (var i = 0u; i < QPI; i++) {
-                let in0 = mine[i] && j >= lo[i] && j < hi[i];
-                let in1 = mine[i] && j + 1u >= lo[i] && j + 1u < hi[i];
-                if (in0 || in1) {
-                    let x = select(NEG_BIG, s[i].x, in0);
-                    let y = select(NEG_BIG, s[i].y, in1);
-                    let mx = max(x, y);
-                    let sum = select(0.0, exp(x - mx), in0) + select(0.0, exp(y - mx), in1);
+                // this tile's (max, sum) of the slot's keys here, merged into the running pair
+                var mx = NEG_BIG;
+                for (var b = 0u; b < KPI; b++) {
+                    let j = kb + lane + 16u * b;
+                    if (mine[i] && j >= lo[i] && j < hi[i]) {
+                        mx = max(mx, s[i * KPI + b]);
+                    }
+                }
+                if (mx > NEG_BIG) {
+                    var sum = 0.0;
+                    for (var b = 0u; b < KPI; b++) {
+                        let j = kb + lane + 16u * b;
+                        if (mine[i] && j >= lo[i] && j < hi[i]) {
+                            sum += exp(s[i * KPI + b] - mx);
+                        }
+                    }
                     ml[i] = merge_ml(ml[i], vec2<f32>(mx, sum));
                 }
             }
@@ -228,25 +239,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             load_k(kb, u_lo, u_hi, kvh, tid, tb);
             workgroupBarrier();
             let s = scores(qg, lane);
-            let j = kb + 2u * lane;
             for (var i = 0u; i < QPI; i++) {
-                var b0 = 0u;
-                var b1 = 0u;
-                if (mine[i] && j >= lo[i] && j < hi[i]) {
-                    b0 = f16_bits(exp(s[i].x - row[i].x) / row[i].y);
+                for (var c = 0u; c < KP; c++) {
+                    var bits = 0u;
+                    for (var h = 0u; h < 2u; h++) {
+                        let b = 2u * c + h;
+                        let j = kb + lane + 16u * b;
+                        if (mine[i] && j >= lo[i] && j < hi[i]) {
+                            bits |= f16_bits(exp(s[i * KPI + b] - row[i].x) / row[i].y) << (16u * h);
+                        }
+                    }
+                    // word c * 16 + lane: keys lane + 32 c and lane + 32 c + 16
+                    probs[(qg * QPI + i) * PS + c * 16u + lane] = bits;
                 }
-                if (mine[i] && j + 1u >= lo[i] && j + 1u < hi[i]) {
-                    b1 = f16_bits(exp(s[i].y - row[i].x) / row[i].y);
-                }
-                probs[(qg * QPI + i) * PS + lane] = b0 | (b1 << 16u);
             }
             workgroupBarrier();  // K read by all
             load_v(kb, u_lo, u_hi, kvh, tid, tb);
             workgroupBarrier();
             for (var jw = 0u; jw < BK / 2u; jw++) {
-                let r0 = 2u * jw * KVW;
-                let r1 = r0 + KVW;
-                var p: array<vec2<f32>, QPI>;  // keys 2 jw, 2 jw + 1 of each slot
+                let r0 = (jw % 16u + 32u * (jw / 16u)) * KVW;  // the word's two keys (as written above)
+                let r1 = r0 + 16u * KVW;
+                var p: array<vec2<f32>, QPI>;  // those keys' probabilities for each slot
                 for (var i = 0u; i < QPI; i++) {
                     p[i] = halves(probs[(qg * QPI + i) * PS + jw]);
                 }

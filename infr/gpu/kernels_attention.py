@@ -186,12 +186,13 @@ def split_dispatches(
 
 @dataclass(frozen=True)
 class Tiled2:
-    """attn_tiled2's tiling for one shape: M query slots (HG heads x M / HG rows)
-    per workgroup of WG invocations, QPI slots each; 32-key tiles."""
+    """attn_tiled2's tiling: M query slots (HG heads x M / HG rows) per workgroup of
+    WG = M / QPI * 16 invocations, each QPI slots x KPI keys of a 16 KPI-key tile."""
 
     M: int
     HG: int
     QPI: int
+    KPI: int = 2
 
     @property
     def WG(self) -> int:
@@ -201,34 +202,46 @@ class Tiled2:
     def R(self) -> int:
         return self.M // self.HG
 
+    @property
+    def BK(self) -> int:
+        return 16 * self.KPI
+
     def consts(self, head_dim: int, v_head_dim: int) -> dict:
         kvw = max(head_dim, v_head_dim) // 2 + 1
-        return dict(WG=self.WG, M=self.M, HG=self.HG, QPI=self.QPI, HD=head_dim, VD=v_head_dim, KVW=kvw,
-                    KVN=max(32 * kvw, self.M * 32))
+        return dict(WG=self.WG, M=self.M, HG=self.HG, QPI=self.QPI, KPI=self.KPI, HD=head_dim, VD=v_head_dim,
+                    KVW=kvw, KVN=max(self.BK * kvw, self.M * 32))
 
     def workgroup_bytes(self, head_dim: int, v_head_dim: int) -> int:
-        c = self.consts(head_dim, v_head_dim)
-        return 4 * (self.M * (head_dim // 2 + 1) + c["KVN"] + self.M * 17)
+        kvn = self.consts(head_dim, v_head_dim)["KVN"]
+        return 4 * (self.M * (head_dim // 2 + 1) + kvn + self.M * (self.BK // 2 + 1))
 
 
-def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> Tiled2:
-    """64 slots of 4 per invocation up to head dim 128 (29 KiB of workgroup memory at 128);
-    past it 16 slots of 2 (a 256-dim K tile alone is 16 KiB). HG: the largest power of two
-    dividing the GQA group, at most 8 (the rows of a block share the kv head's tiles)."""
-    M, QPI = (64, 4) if max(head_dim, v_head_dim) <= 128 else (16, 2)
+def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+                 tiling: tuple[int, int, int] | None = None) -> Tiled2:
+    """(M, QPI, KPI) = `tiling`, else INFR_ATTN_TILED2="M,QPI,KPI" (for tuning), else 64 slots
+    of 4 by 2 keys up to head dim 128 (29 KiB of workgroup memory at 128), past it 16 slots of 2
+    by 2 keys (a 256-dim 32-key tile alone is 16 KiB). HG: the largest power of two dividing the
+    GQA group, at most 8 and M (the rows of a block share the kv head's tiles)."""
+    env = os.environ.get("INFR_ATTN_TILED2")
+    if tiling is None and env:
+        tiling = tuple(int(x) for x in env.split(","))
+    M, QPI, KPI = tiling or ((64, 4, 2) if max(head_dim, v_head_dim) <= 128 else (16, 2, 2))
+    if M % QPI or KPI % 2 or M & (M - 1):
+        raise ValueError(f"attn_tiled2 tiling M={M} QPI={QPI} KPI={KPI}: M a power of two, QPI | M, KPI even")
     group = n_heads // kv_heads
     hg = 1
-    while hg < 8 and group % (2 * hg) == 0:
+    while hg < min(8, M) and group % (2 * hg) == 0:
         hg *= 2
-    return Tiled2(M, min(hg, M), QPI)
+    return Tiled2(M, hg, QPI, KPI)
 
 
-def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> int:
+def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+                 tiling: tuple[int, int, int] | None = None) -> int:
     """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) where the device's workgroup
     memory holds its tiles, else 1 (attn_tiled); INFR_ATTN_TILED=1 forces the old one."""
     if os.environ.get("INFR_ATTN_TILED", "2") == "1" or head_dim % 2 or v_head_dim % 4:
         return 1
-    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
     mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
     inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
     return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
@@ -237,32 +250,32 @@ def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v
 def tiled_dispatch(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, chunk: int | None = None,
-    kernel: int | None = None,
+    kernel: int | None = None, tiling: tuple[int, int, int] | None = None,
 ) -> Dispatch:
     """Prefill attention for T rows (any rows; a block of rows of one sequence walks its keys
     once). `kernel` 2: attn_tiled2, the query heads of a kv head and a block of rows per
     workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup; None:
-    tiled_kernel's choice."""
+    tiled_kernel's choice. `tiling`: attn_tiled2's (M, QPI, KPI) (tiled2_shape)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if max(head_dim, v_head_dim) > TILED_MAX_DIM:
         raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
-    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim)
-    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel)
+    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling)
+    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling)
     binds = kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table])
     if kernel == 2:
-        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
         return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
     return Dispatch(pipe, binds, (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 
 
 def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
-                   kernel: int):
+                   kernel: int, tiling: tuple[int, int, int] | None = None):
     """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape."""
     if kernel == 2:
-        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim)
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
         return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
     return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
                             KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)

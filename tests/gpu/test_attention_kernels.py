@@ -209,6 +209,34 @@ def test_tiled_prefill(gpu, kernels, case, kernel):
     _check(f"tiled {case}", got, want, vc, n_kv)
 
 
+TILINGS = [(32, 4, 4), (64, 8, 2), (32, 2, 2), (16, 4, 2), (16, 2, 4)]  # attn_tiled2's (M, QPI, KPI) besides the default
+
+
+@pytest.mark.parametrize("tiling", TILINGS, ids=lambda t: "M{}q{}k{}".format(*t))
+@pytest.mark.parametrize("case", ["mha_d128_T70_from0", "gqa8_d128_T45_late", "gqa16_d64_T21_window",
+                                  "gqa2_dk96_dv64_T17_window_softcap", "gqa1_d256_T19_window"])
+def test_tiled2_tilings(gpu, kernels, case, tiling):
+    """attn_tiled2's other tilings (INFR_ATTN_TILED2, perf/attn_prefill_time.py --sweep) give the same results."""
+    n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    t = KA.tiled2_shape(n_heads, kv_heads, hd, vd, tiling)
+    if t.workgroup_bytes(hd, vd) > gpu.limits["max-compute-workgroup-storage-size"]:
+        pytest.skip(f"{t} needs {t.workgroup_bytes(hd, vd)} bytes of workgroup memory")
+    n_kv = start + T
+    rng = np.random.default_rng(len(case) + start)
+    kc, vc = _caches(rng, n_kv + 20, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    out = storage(gpu, T * n_heads * vd * 4)
+    scale = 1.0 / np.sqrt(hd)
+    d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_kv + 20), n_heads,
+                          kv_heads, hd, vd, scale, window, softcap, T, kernel=2, tiling=tiling)
+    run(gpu, [d])
+    got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
+    want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
+    _check(f"tiled2 {tiling} {case}", got, want, vc, n_kv)
+
+
 def test_lowering_picks_the_kernel(gpu, kernels):
     q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
     state = M.single_sequence(gpu, 0, 1, 256)
