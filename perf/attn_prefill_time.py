@@ -67,7 +67,7 @@ def main() -> None:
         # both compute q.k twice, counted once: the useful work)
         flops = n_heads * T * (T + 1) / 2 * hd * 2 * 2
         diff = float(np.abs(got[0] - got[1]).max())
-        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd)
+        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, T=T)
         print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>9.1f} {us[1]:>9.1f} {us[0] / us[1]:>7.2f}x "
               f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI})")
         if a.sweep:

@@ -25,7 +25,7 @@
 // are staged as zeros and never read from the cache (released sliding-window
 // blocks, poisoned rows past the length). Each key's cache row goes through the
 // block table (a 32-key tile may straddle 16-position blocks). Padding rows
-// write zeros. HD % 2 == 0, VD % 4 == 0, both at most 256.
+// write zeros. HD % 8 == 0, VD % 4 == 0, both at most 256.
 
 // #include attn_common
 
@@ -49,8 +49,8 @@ const NV: u32 = (VD / 4u + 15u) / 16u;  // vec4 output columns per invocation an
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<u32>;
-@group(0) @binding(3) var<storage, read> vcache: array<u32>;
+@group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vcache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> state: array<u32>;
 @group(0) @binding(6) var<storage, read> rows: array<u32>;
@@ -62,30 +62,38 @@ var<workgroup> qs: array<u32, M * QS>;
 var<workgroup> kv: array<u32, KVN>;
 var<workgroup> probs: array<u32, M * PS>;
 
-// K (or V: W = VW) rows of keys kb .. kb + BK of the sequence at table tb; keys outside [lo, hi) zeros.
+// K rows of keys kb .. kb + BK of the sequence at table tb, 16 bytes a load (HD % 8 == 0); keys
+// outside [lo, hi) zeros, their rows never read.
 fn load_k(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
-    for (var i = tid; i < BK * HW; i += WG) {
-        let r = i / HW;
-        let w = i % HW;
-        var word = 0u;
+    for (var i = tid; i < BK * (HW / 4u); i += WG) {
+        let r = i / (HW / 4u);
+        let c = i % (HW / 4u);
+        var words = vec4<u32>(0u);
         let p = kb + r;
         if (p >= lo && p < hi) {
-            word = kcache[(cache_row(tb, p) * params.kv_heads + kvh) * HW + w];
+            words = kcache[(cache_row(tb, p) * params.kv_heads + kvh) * (HW / 4u) + c];
         }
-        kv[r * KVW + w] = word;
+        let e = r * KVW + 4u * c;
+        kv[e] = words.x;
+        kv[e + 1u] = words.y;
+        kv[e + 2u] = words.z;
+        kv[e + 3u] = words.w;
     }
 }
 
+// V rows likewise, 8 bytes a load (VD % 4 == 0).
 fn load_v(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
-    for (var i = tid; i < BK * VW; i += WG) {
-        let r = i / VW;
-        let w = i % VW;
-        var word = 0u;
+    for (var i = tid; i < BK * (VW / 2u); i += WG) {
+        let r = i / (VW / 2u);
+        let c = i % (VW / 2u);
+        var words = vec2<u32>(0u);
         let p = kb + r;
         if (p >= lo && p < hi) {
-            word = vcache[(cache_row(tb, p) * params.kv_heads + kvh) * VW + w];
+            words = vcache[(cache_row(tb, p) * params.kv_heads + kvh) * (VW / 2u) + c];
         }
-        kv[r * KVW + w] = word;
+        let e = r * KVW + 2u * c;
+        kv[e] = words.x;
+        kv[e + 1u] = words.y;
     }
 }
 

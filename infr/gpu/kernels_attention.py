@@ -216,16 +216,28 @@ class Tiled2:
         return 4 * (self.M * (head_dim // 2 + 1) + kvn + self.M * (self.BK // 2 + 1))
 
 
+TILED2_MIN_WGS = 128  # below this many workgroups (a short batch) attn_tiled2 takes its 16-slot tiling
+TILED2_SMALL = (16, 2, 2)
+
+
 def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
-                 tiling: tuple[int, int, int] | None = None) -> Tiled2:
+                 tiling: tuple[int, int, int] | None = None, T: int | None = None) -> Tiled2:
     """(M, QPI, KPI) = `tiling`, else INFR_ATTN_TILED2="M,QPI,KPI" (for tuning), else 64 slots
     of 4 by 2 keys up to head dim 128 (29 KiB of workgroup memory at 128), past it 16 slots of 2
-    by 2 keys (a 256-dim 32-key tile alone is 16 KiB). HG: the largest power of two dividing the
-    GQA group, at most 8 and M (the rows of a block share the kv head's tiles)."""
+    by 2 keys (a 256-dim 32-key tile alone is 16 KiB); and 16 slots where the 64-slot tiling
+    would give a batch of T rows fewer than TILED2_MIN_WGS workgroups (more, smaller ones keep
+    more of the GPU busy). HG: the largest power of two dividing the GQA group, at most 8 and M
+    (the rows of a block share the kv head's tiles)."""
     env = os.environ.get("INFR_ATTN_TILED2")
     if tiling is None and env:
         tiling = tuple(int(x) for x in env.split(","))
-    M, QPI, KPI = tiling or ((64, 4, 2) if max(head_dim, v_head_dim) <= 128 else (16, 2, 2))
+    if tiling is None:
+        tiling = (64, 4, 2) if max(head_dim, v_head_dim) <= 128 else TILED2_SMALL
+        if T is not None and tiling != TILED2_SMALL:
+            t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
+            if n_heads // t.HG * -(-T // t.R) < TILED2_MIN_WGS:
+                tiling = TILED2_SMALL
+    M, QPI, KPI = tiling
     if M % QPI or KPI % 2 or M & (M - 1):
         raise ValueError(f"attn_tiled2 tiling M={M} QPI={QPI} KPI={KPI}: M a power of two, QPI | M, KPI even")
     group = n_heads // kv_heads
@@ -236,12 +248,12 @@ def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
 
 
 def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
-                 tiling: tuple[int, int, int] | None = None) -> int:
+                 tiling: tuple[int, int, int] | None = None, T: int | None = None) -> int:
     """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) where the device's workgroup
     memory holds its tiles, else 1 (attn_tiled); INFR_ATTN_TILED=1 forces the old one."""
     if os.environ.get("INFR_ATTN_TILED", "2") == "1" or head_dim % 2 or v_head_dim % 4:
         return 1
-    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
+    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
     mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
     inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
     return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
@@ -262,20 +274,21 @@ def tiled_dispatch(
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
-    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling)
-    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling)
+    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling, T)
     binds = kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table])
     if kernel == 2:
-        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
     return Dispatch(pipe, binds, (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 
 
 def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
-                   kernel: int, tiling: tuple[int, int, int] | None = None):
-    """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape."""
+                   kernel: int, tiling: tuple[int, int, int] | None = None, T: int | None = None):
+    """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape
+    (and attn_tiled2's tiling for T rows: tiled2_shape)."""
     if kernel == 2:
-        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
     return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
                             KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)
