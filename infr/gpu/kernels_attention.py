@@ -14,9 +14,13 @@ through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
   `attn_values` (global max and sum from the chunk stats, f16(p) . V per
   chunk), `attn_combine` (add the chunks). Only chunks up to each row's
   length are visited, so one graph serves every length up to n_ctx.
-- tiled prefill (`attn_tiled`): a block of 16 queries of one head per
-  workgroup sharing K/V tiles in workgroup memory (one walk over the keys per
-  sequence among the block's rows: fast when they share one);
+- tiled prefill (`attn_tiled2`): the query heads of one kv head for a block
+  of rows per workgroup sharing K/V tiles in workgroup memory, each invocation
+  a register micro-tile of scores and outputs (one walk over the keys per
+  sequence among the block's rows: fast when they share one); the earlier
+  `attn_tiled` (16 queries of one head per workgroup, one score per
+  invocation) where attn_tiled2's workgroup memory does not fit the device,
+  or with INFR_ATTN_TILED=1;
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
   dims over 256 or not multiples of 8).
@@ -61,7 +65,7 @@ SPLIT_FROM = TU.AttentionTuning.split_from  # 256
 # INFR_ATTN_ONE_PASS_CTX overrides.
 ONE_PASS_CTX = TU.AttentionTuning.one_pass_ctx  # 1024
 SPLIT_WG = 128       # invocations of attn_scores / attn_values
-TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled (q block + one K/V tile)
+TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled / attn_tiled2 (q block + one K/V tile)
 MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
 SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
