@@ -4,6 +4,7 @@ sequence from position 0, on whatever adapter is present.
     python3 perf/attn_prefill_time.py                # T=512, the three shapes below
     python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
     python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
+    python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
 
 Shapes (query heads, kv heads, head dim): Llama-3.1-8B (32, 8, 128), Qwen3-30B-A3B
 (32, 4, 128), Gemma-like (16, 8, 256). Each kernel is built through infr's own
@@ -42,10 +43,11 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=512)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time attn_tiled2's other tilings that fit")
+    ap.add_argument("--flavor", default="wgpu", help="wgpu (wgpu-native, naga) or dawn (wgpudawn, Tint)")
     a = ap.parse_args()
-    dev = get_device()
+    dev = get_device(flavor=a.flavor)
     kern = Kernels(dev)
-    print(f"adapter: {dev.name}; T={a.T} from position 0, {a.reps} calls a pass, best of 3")
+    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
     print(f"{'shape (H/Hkv x D)':<20} {'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
     rng = np.random.default_rng(0)
     T = a.T

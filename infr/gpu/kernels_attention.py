@@ -253,14 +253,32 @@ def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
 
 def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
                  tiling: tuple[int, int, int] | None = None, T: int | None = None) -> int:
-    """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) where the device's workgroup
-    memory holds its tiles, else 1 (attn_tiled); INFR_ATTN_TILED=1 forces the old one."""
-    if os.environ.get("INFR_ATTN_TILED", "2") == "1" or head_dim % 2 or v_head_dim % 4:
+    """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) on Dawn where the device's
+    workgroup memory holds its tiles, else 1 (attn_tiled). INFR_ATTN_TILED=1 / 2 forces one
+    (2 still only where it fits). Measured on an H100 at T = 512 (perf/attn_prefill_time.py,
+    8B shape): through Dawn attn_tiled2 223 µs against attn_tiled's 346; through wgpu-native
+    (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
+    there (its register arrays indexed in loops are the suspect)."""
+    force = os.environ.get("INFR_ATTN_TILED")
+    if force == "1" or head_dim % 8 or v_head_dim % 4:
         return 1
-    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+    if force != "2" and not kernels.dev.dawn:
+        return 1
+    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling or default_tiling(kernels, head_dim, v_head_dim), T)
     mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
     inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
     return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
+
+
+def default_tiling(kernels: Kernels, head_dim: int, v_head_dim: int) -> tuple[int, int, int] | None:
+    """Past head dim 128, 32 slots of 2 where workgroup memory holds them (35 KiB at 256: NVIDIA's
+    48 KiB; on the H100 through Dawn 251 µs against 363 for 16 slots, 16/8 x 256 at T = 512);
+    None (tiled2_shape's choice) elsewhere."""
+    if max(head_dim, v_head_dim) <= 128 or os.environ.get("INFR_ATTN_TILED2"):
+        return None
+    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    big = Tiled2(32, 1, 2, 2)
+    return (32, 2, 2) if big.workgroup_bytes(head_dim, v_head_dim) <= mem else None
 
 
 def tiled_dispatch(
@@ -279,6 +297,8 @@ def tiled_dispatch(
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+    if kernel == 2 and tiling is None and T is not None:
+        tiling = default_tiling(kernels, head_dim, v_head_dim)
     pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling, T)
     binds = kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table])
     if kernel == 2:

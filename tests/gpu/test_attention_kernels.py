@@ -39,6 +39,12 @@ def _poison_past(gpu, kcb, vcb, kc, vc, n_kv):
     gpu.device.queue.write_buffer(vcb, 0, v2.view(np.uint32))
 
 
+def _tiled_name(kernels) -> str:
+    """The tiled prefill kernel this adapter gets (attn_tiled2 on Dawn, attn_tiled on wgpu-native)."""
+    dawn = kernels is not None and kernels.dev.dawn
+    return "attn_tiled2" if dawn else "attn_tiled"
+
+
 def _check(name, got, want, vc, n_kv):
     # As tests/gpu/test_kernels.py test_attention: the same f16 q, K, V and f16
     # normalised probabilities as the reference, only the f32 summation order
@@ -141,7 +147,7 @@ def test_rounded_output(gpu, kernels, tune, path):
     ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
                                  n_heads, kv_heads, hd, vd, 1.0 / np.sqrt(hd), None, None, T, n_ctx=n_ctx, xq=xq)
     labels = [d.label.split()[0] for d in ds]
-    assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled2", "quantize_q8"]
+    assert "quantize_q8" not in labels if path != "tiled" else labels == [_tiled_name(kernels), "quantize_q8"]
     n_kv = {"one_pass": 30, "split_k": 250, "tiled": 200}[path]  # one-pass up to 40 keys, split-K past them
     _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
     M.write_rows(gpu, pg, np.arange(n_kv - T, n_kv), 0)
@@ -239,6 +245,21 @@ def test_tiled2_tilings(gpu, kernels, case, tiling):
     _check(f"tiled2 {tiling} {case}", got, want, vc, n_kv)
 
 
+def test_tiled_kernel_choice(gpu, kernels, monkeypatch):
+    """attn_tiled2 on Dawn (faster there), attn_tiled on wgpu-native (attn_tiled2 is slower through
+    naga on the H100); INFR_ATTN_TILED forces either; attn_tiled where attn_tiled2 does not fit."""
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == (2 if gpu.dawn else 1)
+    monkeypatch.setenv("INFR_ATTN_TILED", "2")
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 2
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128, tiling=(128, 8, 2)) == 1  # 66 KiB of workgroup memory
+    q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
+    ds = KA.attention_dispatches(kernels, q, kc, vc, out, M.single_sequence(gpu, 0, 37, 256), None, 4, 2, 64, 64,
+                                 0.1, None, None, 37)
+    assert [d.label.split()[0] for d in ds] == ["attn_tiled2"]
+    monkeypatch.setenv("INFR_ATTN_TILED", "1")
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 1
+
+
 def test_lowering_picks_the_kernel(gpu, kernels):
     q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
     state = M.single_sequence(gpu, 0, 1, 256)
@@ -248,7 +269,7 @@ def test_lowering_picks_the_kernel(gpu, kernels):
     both = ["attention", "attn_scores", "attn_values", "attn_combine"]  # no n_ctx: long; the length picks one
     assert pick(1, 64) == both
     assert pick(KA.SPLIT_MAX_T, 64) == both
-    assert pick(KA.SPLIT_MAX_T + 1, 64) == ["attn_tiled2"]
+    assert pick(KA.SPLIT_MAX_T + 1, 64) == [_tiled_name(kernels)]
     assert pick(37, 512) == ["attention"]  # past the tiled kernel's workgroup memory: the one-pass kernel
     def labels(n_ctx):
         return [d.label.split()[0] for d in KA.attention_dispatches(
@@ -341,7 +362,7 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, tune):
     want = cpu_be.forward(ids, 0, n_logits=4)
     np.testing.assert_allclose(got, want, atol=5e-2 * np.abs(want).max(), rtol=0)
     tiled = [d.label.split()[0] for d in gpu_be._graph(37, 4)[0].dispatches]
-    assert tiled.count("attn_tiled2") == n
+    assert tiled.count(_tiled_name(gpu_be.kern)) == n
     for pos in (150, 165, 166):  # decode: one-pass, then split-K with keys in chunk 1 (and 0 for the global layer)
         assert gpu_be._far(pos, 1) == (pos >= 160)
         tok = int(np.argmax(want[-1]))
