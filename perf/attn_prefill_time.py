@@ -6,6 +6,9 @@ sequence from position 0, on whatever adapter is present.
     python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
     python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
 
+H100 80GB, 2026-12-05 (old / new µs): through Dawn 347 / 224 (8B), 345 / 223 (Qwen3-30B-A3B),
+398 / 245 (16/8 x 256); through wgpu-native 1047 / 2458 (8B), hence attn_tiled2 is the default on Dawn only.
+
 Shapes (query heads, kv heads, head dim): Llama-3.1-8B (32, 8, 128), Qwen3-30B-A3B
 (32, 4, 128), Gemma-like (16, 8, 256). Each kernel is built through infr's own
 dispatch machinery (kernels_attention.tiled_dispatch), warmed up, then REPS calls are
@@ -60,7 +63,7 @@ def main() -> None:
         pg = KS.single_sequence(dev, 0, T, n_ctx)
         args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
         us, got = [], []
-        for i, kernel in enumerate((1, 2)):
+        for i, kernel in enumerate((1, 2)):  # 2: attn_tiled2 at its default tiling, also where not the default kernel
             d = KA.tiled_dispatch(kern, q, kc, vc, outs[i], pg, *args, kernel=kernel)
             run(dev, [d])  # compile and warm up
             got.append(read(dev, outs[i], count=T * n_heads * hd))
@@ -69,7 +72,7 @@ def main() -> None:
         # both compute q.k twice, counted once: the useful work)
         flops = n_heads * T * (T + 1) / 2 * hd * 2 * 2
         diff = float(np.abs(got[0] - got[1]).max())
-        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, T=T)
+        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, KA.default_tiling(kern, hd, hd), T=T)
         print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>9.1f} {us[1]:>9.1f} {us[0] / us[1]:>7.2f}x "
               f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI})")
         if a.sweep:

@@ -14,13 +14,13 @@ through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
   `attn_values` (global max and sum from the chunk stats, f16(p) . V per
   chunk), `attn_combine` (add the chunks). Only chunks up to each row's
   length are visited, so one graph serves every length up to n_ctx.
-- tiled prefill (`attn_tiled2`): the query heads of one kv head for a block
+- tiled prefill (`attn_tiled2`, on Dawn): the query heads of one kv head for a block
   of rows per workgroup sharing K/V tiles in workgroup memory, each invocation
   a register micro-tile of scores and outputs (one walk over the keys per
   sequence among the block's rows: fast when they share one); the earlier
   `attn_tiled` (16 queries of one head per workgroup, one score per
-  invocation) where attn_tiled2's workgroup memory does not fit the device,
-  or with INFR_ATTN_TILED=1;
+  invocation) on wgpu-native, where attn_tiled2 is slower (tiled_kernel), and
+  where attn_tiled2's workgroup memory does not fit; INFR_ATTN_TILED=1|2;
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
   dims over 256 or not multiples of 8).
