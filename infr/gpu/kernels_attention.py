@@ -14,9 +14,13 @@ through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
   `attn_values` (global max and sum from the chunk stats, f16(p) . V per
   chunk), `attn_combine` (add the chunks). Only chunks up to each row's
   length are visited, so one graph serves every length up to n_ctx.
-- tiled prefill (`attn_tiled`): a block of 16 queries of one head per
-  workgroup sharing K/V tiles in workgroup memory (one walk over the keys per
-  sequence among the block's rows: fast when they share one);
+- tiled prefill (`attn_tiled2`, on Dawn): the query heads of one kv head for a block
+  of rows per workgroup sharing K/V tiles in workgroup memory, each invocation
+  a register micro-tile of scores and outputs (one walk over the keys per
+  sequence among the block's rows: fast when they share one); the earlier
+  `attn_tiled` (16 queries of one head per workgroup, one score per
+  invocation) on wgpu-native, where attn_tiled2 is slower (tiled_kernel), and
+  where attn_tiled2's workgroup memory does not fit; INFR_ATTN_TILED=1|2;
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
   dims over 256 or not multiples of 8).
@@ -60,7 +64,7 @@ SPLIT_FROM = TU.AttentionTuning.split_from  # 256
 # INFR_ATTN_ONE_PASS_CTX overrides.
 ONE_PASS_CTX = TU.AttentionTuning.one_pass_ctx  # 1024
 SPLIT_WG = 128       # invocations of attn_scores / attn_values
-TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled (q block + one K/V tile)
+TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled / attn_tiled2 (q block + one K/V tile)
 MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
 SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
@@ -194,22 +198,133 @@ def split_dispatches(
     ]
 
 
+@dataclass(frozen=True)
+class Tiled2:
+    """attn_tiled2's tiling: M query slots (HG heads x M / HG rows) per workgroup of
+    WG = M / QPI * 16 invocations, each QPI slots x KPI keys of a 16 KPI-key tile."""
+
+    M: int
+    HG: int
+    QPI: int
+    KPI: int = 2
+
+    @property
+    def WG(self) -> int:
+        return self.M // self.QPI * 16
+
+    @property
+    def R(self) -> int:
+        return self.M // self.HG
+
+    @property
+    def BK(self) -> int:
+        return 16 * self.KPI
+
+    def consts(self, head_dim: int, v_head_dim: int) -> dict:
+        kvw = max(head_dim, v_head_dim) // 2 + 1
+        return dict(WG=self.WG, M=self.M, HG=self.HG, QPI=self.QPI, KPI=self.KPI, HD=head_dim, VD=v_head_dim,
+                    KVW=kvw, KVN=max(self.BK * kvw, self.M * 32))
+
+    def workgroup_bytes(self, head_dim: int, v_head_dim: int) -> int:
+        kvn = self.consts(head_dim, v_head_dim)["KVN"]
+        return 4 * (self.M * (head_dim // 2 + 1) + kvn + self.M * (self.BK // 2 + 1))
+
+
+TILED2_MIN_WGS = 128  # below this many workgroups (a short batch) attn_tiled2 takes its 16-slot tiling
+TILED2_SMALL = (16, 2, 2)
+
+
+def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+                 tiling: tuple[int, int, int] | None = None, T: int | None = None) -> Tiled2:
+    """(M, QPI, KPI) = `tiling`, else INFR_ATTN_TILED2="M,QPI,KPI" (for tuning), else 64 slots
+    of 4 by 2 keys up to head dim 128 (29 KiB of workgroup memory at 128), past it 16 slots of 2
+    by 2 keys (a 256-dim 32-key tile alone is 16 KiB); and 16 slots where the 64-slot tiling
+    would give a batch of T rows fewer than TILED2_MIN_WGS workgroups (more, smaller ones keep
+    more of the GPU busy). HG: the largest power of two dividing the GQA group, at most 8 and M
+    (the rows of a block share the kv head's tiles)."""
+    if tiling is None:
+        tiling = TU.current().attention.tiled2
+    if tiling is None:
+        tiling = (64, 4, 2) if max(head_dim, v_head_dim) <= 128 else TILED2_SMALL
+        if T is not None and tiling != TILED2_SMALL:
+            t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling)
+            if n_heads // t.HG * -(-T // t.R) < TILED2_MIN_WGS:
+                tiling = TILED2_SMALL
+    M, QPI, KPI = tiling
+    if M % QPI or KPI % 2 or M & (M - 1):
+        raise ValueError(f"attn_tiled2 tiling M={M} QPI={QPI} KPI={KPI}: M a power of two, QPI | M, KPI even")
+    group = n_heads // kv_heads
+    hg = 1
+    while hg < min(8, M) and group % (2 * hg) == 0:
+        hg *= 2
+    return Tiled2(M, hg, QPI, KPI)
+
+
+def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+                 tiling: tuple[int, int, int] | None = None, T: int | None = None) -> int:
+    """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) on Dawn where the device's
+    workgroup memory holds its tiles, else 1 (attn_tiled). INFR_ATTN_TILED=1 / 2 forces one
+    (2 still only where it fits). Measured on an H100 at T = 512 (perf/attn_prefill_time.py,
+    8B shape): through Dawn attn_tiled2 223 µs against attn_tiled's 346; through wgpu-native
+    (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
+    there (its register arrays indexed in loops are the suspect)."""
+    force = TU.current().attention.tiled
+    if force == 1 or head_dim % 8 or v_head_dim % 4:
+        return 1
+    if force != 2 and not kernels.dev.dawn:
+        return 1
+    t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling or default_tiling(kernels, head_dim, v_head_dim), T)
+    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
+    return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
+
+
+def default_tiling(kernels: Kernels, head_dim: int, v_head_dim: int) -> tuple[int, int, int] | None:
+    """Past head dim 128, 32 slots of 2 where workgroup memory holds them (35 KiB at 256: NVIDIA's
+    48 KiB; on the H100 through Dawn 251 µs against 363 for 16 slots, 16/8 x 256 at T = 512);
+    None (tiled2_shape's choice) elsewhere."""
+    if max(head_dim, v_head_dim) <= 128 or TU.current().attention.tiled2:
+        return None
+    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    big = Tiled2(32, 1, 2, 2)
+    return (32, 2, 2) if big.workgroup_bytes(head_dim, v_head_dim) <= mem else None
+
+
 def tiled_dispatch(
     kernels: Kernels, q, kcache, vcache, out, pg: KS.Paging, n_heads: int, kv_heads: int, head_dim: int,
     v_head_dim: int, scale: float, window: int | None, softcap: float | None, T: int, chunk: int | None = None,
+    kernel: int | None = None, tiling: tuple[int, int, int] | None = None,
 ) -> Dispatch:
-    """Prefill attention for T rows, 16 queries of one head per workgroup (any
-    rows; a block of 16 rows of one sequence walks its keys once)."""
+    """Prefill attention for T rows (any rows; a block of rows of one sequence walks its keys
+    once). `kernel` 2: attn_tiled2, the query heads of a kv head and a block of rows per
+    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup; None:
+    tiled_kernel's choice. `tiling`: attn_tiled2's (M, QPI, KPI) (tiled2_shape)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
     if max(head_dim, v_head_dim) > TILED_MAX_DIM:
         raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
-    pipe = kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
-                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=pg.block_size)
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
-    return Dispatch(pipe, kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table]),
-                    (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+    kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+    if kernel == 2 and tiling is None and T is not None:
+        tiling = default_tiling(kernels, head_dim, v_head_dim)
+    pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling, T)
+    binds = kernels.bind(pipe, [p, q, kcache, vcache, out, pg.state, pg.rows, pg.table])
+    if kernel == 2:
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+        return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
+    return Dispatch(pipe, binds, (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+
+
+def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
+                   kernel: int, tiling: tuple[int, int, int] | None = None, T: int | None = None):
+    """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape
+    (and attn_tiled2's tiling for T rows: tiled2_shape)."""
+    if kernel == 2:
+        t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+        return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
+    return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
+                            KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)
 
 
 def split_from() -> int:

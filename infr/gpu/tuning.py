@@ -26,12 +26,16 @@ class AttentionTuning:
     split_from: int = 256  # perf/h200/split-from-2026-12-05-h100.txt
     split_t: int = 4
     one_pass_ctx: int = 1024
+    tiled: int = 0  # the prefill kernel: 0 by device (kernels_attention.tiled_kernel), 1 attn_tiled, 2 attn_tiled2
+    tiled2: tuple[int, int, int] | None = None  # attn_tiled2's (M, QPI, KPI) tiling, for tuning
 
     @classmethod
     def from_env(cls, env) -> AttentionTuning:
         names = {"chunk": "INFR_ATTN_CHUNK", "wgs": "INFR_ATTN_WGS", "split_from": "INFR_ATTN_SPLIT_FROM",
-                 "split_t": "INFR_ATTN_SPLIT_T", "one_pass_ctx": "INFR_ATTN_ONE_PASS_CTX"}
+                 "split_t": "INFR_ATTN_SPLIT_T", "one_pass_ctx": "INFR_ATTN_ONE_PASS_CTX", "tiled": "INFR_ATTN_TILED"}
         t = cls(**{k: int(env[v]) for k, v in names.items() if env.get(v)})
+        if env.get("INFR_ATTN_TILED2"):
+            t = replace(t, tiled2=tuple(int(x) for x in env["INFR_ATTN_TILED2"].split(",")))
         if t.chunk and (t.chunk % 128 or not 0 < t.chunk <= 512):
             raise ValueError(f"INFR_ATTN_CHUNK must be 128, 256, 384 or 512, got {t.chunk}")
         return t

@@ -39,6 +39,12 @@ def _poison_past(gpu, kcb, vcb, kc, vc, n_kv):
     gpu.device.queue.write_buffer(vcb, 0, v2.view(np.uint32))
 
 
+def _tiled_name(kernels) -> str:
+    """The tiled prefill kernel this adapter gets (attn_tiled2 on Dawn, attn_tiled on wgpu-native)."""
+    dawn = kernels is not None and kernels.dev.dawn
+    return "attn_tiled2" if dawn else "attn_tiled"
+
+
 def _check(name, got, want, vc, n_kv):
     # As tests/gpu/test_kernels.py test_attention: the same f16 q, K, V and f16
     # normalised probabilities as the reference, only the f32 summation order
@@ -141,7 +147,7 @@ def test_rounded_output(gpu, kernels, tune, path):
     ds = KA.attention_dispatches(kernels, qb, kcb, vcb, out, pg, lambda: KA.split_scratch(kernels, T, n_ctx, n_heads, vd),
                                  n_heads, kv_heads, hd, vd, 1.0 / np.sqrt(hd), None, None, T, n_ctx=n_ctx, xq=xq)
     labels = [d.label.split()[0] for d in ds]
-    assert "quantize_q8" not in labels if path != "tiled" else labels == ["attn_tiled", "quantize_q8"]
+    assert "quantize_q8" not in labels if path != "tiled" else labels == [_tiled_name(kernels), "quantize_q8"]
     n_kv = {"one_pass": 30, "split_k": 250, "tiled": 200}[path]  # one-pass up to 40 keys, split-K past them
     _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
     M.write_rows(gpu, pg, np.arange(n_kv - T, n_kv), 0)
@@ -176,11 +182,20 @@ TILED_CASES = {
     "gqa8_d256_T37_window": (8, 1, 256, 256, 45, 37, 20, None),
     "gqa2_dk96_dv64_T17_window_softcap": (4, 2, 96, 64, 9, 17, 5, 5.0),
     "gqa4_d128_T16": (4, 1, 128, 128, 3, 16, None, None),
+    # attn_tiled2's tilings: HG heads x 64 / HG rows (16 slots past dim 128), partial blocks
+    "mha_d128_T70_from0": (2, 2, 128, 128, 0, 70, None, None),
+    "gqa8_d128_T45_late": (16, 2, 128, 128, 61, 45, None, None),
+    "gqa16_d64_T21_window": (16, 1, 64, 64, 30, 21, 33, None),  # two workgroups of 8 heads per kv head
+    "gqa6_d128_T40": (12, 2, 128, 128, 5, 40, None, None),  # HG 2: three workgroups per kv head
+    "gqa4_d256_T45_late_softcap": (8, 2, 256, 256, 77, 45, None, 30.0),
+    "gqa1_d256_T19_window": (2, 2, 256, 256, 40, 19, 16, None),
+    "gqa2_dk256_dv128_T33": (4, 2, 256, 128, 2, 33, None, None),
 }
 
 
+@pytest.mark.parametrize("kernel", [1, 2])
 @pytest.mark.parametrize("case", list(TILED_CASES))
-def test_tiled_prefill(gpu, kernels, case):
+def test_tiled_prefill(gpu, kernels, case, kernel):
     n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
     n_kv = start + T
     n_ctx = n_kv + 20
@@ -192,11 +207,57 @@ def test_tiled_prefill(gpu, kernels, case):
     out = storage(gpu, T * n_heads * vd * 4)
     scale = 1.0 / np.sqrt(hd)
     d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_ctx), n_heads,
-                          kv_heads, hd, vd, scale, window, softcap, T)
+                          kv_heads, hd, vd, scale, window, softcap, T, kernel=kernel)
+    assert d.label.split()[0] == ("attn_tiled2" if kernel == 2 else "attn_tiled")
     run(gpu, [d])
     got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
     want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
     _check(f"tiled {case}", got, want, vc, n_kv)
+
+
+# attn_tiled2's (M, QPI, KPI): the default at head dims <= 128 for long batches (the cases' short ones take
+# (16, 2, 2)), and others INFR_ATTN_TILED2 may pick
+TILINGS = [(64, 4, 2), (32, 4, 4), (64, 8, 2), (32, 2, 2), (16, 4, 2), (16, 2, 4)]
+
+
+@pytest.mark.parametrize("tiling", TILINGS, ids=lambda t: "M{}q{}k{}".format(*t))
+@pytest.mark.parametrize("case", ["mha_d128_T70_from0", "gqa8_d128_T45_late", "gqa16_d64_T21_window",
+                                  "gqa2_dk96_dv64_T17_window_softcap", "gqa1_d256_T19_window"])
+def test_tiled2_tilings(gpu, kernels, case, tiling):
+    """attn_tiled2's other tilings (INFR_ATTN_TILED2, perf/attn_prefill_time.py --sweep) give the same results."""
+    n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    t = KA.tiled2_shape(n_heads, kv_heads, hd, vd, tiling)
+    if t.workgroup_bytes(hd, vd) > gpu.limits["max-compute-workgroup-storage-size"]:
+        pytest.skip(f"{t} needs {t.workgroup_bytes(hd, vd)} bytes of workgroup memory")
+    n_kv = start + T
+    rng = np.random.default_rng(len(case) + start)
+    kc, vc = _caches(rng, n_kv + 20, kv_heads, hd, vd)
+    kcb, vcb = _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32))
+    _poison_past(gpu, kcb, vcb, kc, vc, n_kv)
+    q = (rng.standard_normal((T, n_heads * hd)) * 2.5).astype(np.float32)
+    out = storage(gpu, T * n_heads * vd * 4)
+    scale = 1.0 / np.sqrt(hd)
+    d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_kv + 20), n_heads,
+                          kv_heads, hd, vd, scale, window, softcap, T, kernel=2, tiling=tiling)
+    run(gpu, [d])
+    got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
+    want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
+    _check(f"tiled2 {tiling} {case}", got, want, vc, n_kv)
+
+
+def test_tiled_kernel_choice(gpu, kernels, tune):
+    """attn_tiled2 on Dawn (faster there), attn_tiled on wgpu-native (attn_tiled2 is slower through
+    naga on the H100); INFR_ATTN_TILED forces either; attn_tiled where attn_tiled2 does not fit."""
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == (2 if gpu.dawn else 1)
+    tune(INFR_ATTN_TILED="2")
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 2
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128, tiling=(128, 8, 2)) == 1  # 66 KiB of workgroup memory
+    q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
+    ds = KA.attention_dispatches(kernels, q, kc, vc, out, M.single_sequence(gpu, 0, 37, 256), None, 4, 2, 64, 64,
+                                 0.1, None, None, 37)
+    assert [d.label.split()[0] for d in ds] == ["attn_tiled2"]
+    tune(INFR_ATTN_TILED="1")
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 1
 
 
 def test_lowering_picks_the_kernel(gpu, kernels):
@@ -208,7 +269,7 @@ def test_lowering_picks_the_kernel(gpu, kernels):
     both = ["attention", "attn_scores", "attn_values", "attn_combine"]  # no n_ctx: long; the length picks one
     assert pick(1, 64) == both
     assert pick(KA.SPLIT_MAX_T, 64) == both
-    assert pick(KA.SPLIT_MAX_T + 1, 64) == ["attn_tiled"]
+    assert pick(KA.SPLIT_MAX_T + 1, 64) == [_tiled_name(kernels)]
     assert pick(37, 512) == ["attention"]  # past the tiled kernel's workgroup memory: the one-pass kernel
     def labels(n_ctx):
         return [d.label.split()[0] for d in KA.attention_dispatches(
@@ -301,7 +362,7 @@ def test_backend_lowering_matches_cpu(tmp_path, gpu, tune):
     want = cpu_be.forward(ids, 0, n_logits=4)
     np.testing.assert_allclose(got, want, atol=5e-2 * np.abs(want).max(), rtol=0)
     tiled = [d.label.split()[0] for d in gpu_be._graph(37, 4)[0].dispatches]
-    assert tiled.count("attn_tiled") == n
+    assert tiled.count(_tiled_name(gpu_be.kern)) == n
     for pos in (150, 165, 166):  # decode: one-pass, then split-K with keys in chunk 1 (and 0 for the global layer)
         assert gpu_be._far(pos, 1) == (pos >= 160)
         tok = int(np.argmax(want[-1]))

@@ -181,7 +181,9 @@ def test_attention_kernels_paged(gpu, kernels, tune, case, shape, bs, window):
         "split_k": KA.split_dispatches(kernels, qb, kcb, vcb, out, pg, scratch, *args),
         "split_k_P2": KA.split_dispatches(kernels, qb, kcb, vcb, out, pg, scratch, *args, parallel=2),
         "switch": switch,
-        "tiled": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args)],
+        "tiled": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=2)],
+        "tiled_M64": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=2, tiling=(64, 4, 2))],
+        "tiled_old": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=1)],
     }
     for name, ds in lowerings.items():
         gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
@@ -202,13 +204,15 @@ def test_tiled_block_of_one_sequence_walks_its_keys_once(gpu, kernels):
     kc, vc = _fill_caches(rng, pool, kv_heads, hd, vd)
     q = (rng.standard_normal((batch.T, n_heads * hd)) * 2.5).astype(np.float32)
     out = storage(gpu, batch.T * n_heads * vd * 4)
-    d = KA.tiled_dispatch(kernels, _buf(gpu, q), _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32)), out,
-                          _paging(gpu, batch, pool), n_heads, kv_heads, hd, vd, 0.125, 40, None, batch.T)
-    run(gpu, [d])
-    got = read(gpu, out, count=batch.T * n_heads * vd).reshape(batch.T, -1)
     want = _reference(q, kc, vc, pool, batch, n_heads, 0.125, 40, None)
     used = np.concatenate([vc[pool.rows_of(s, n)] for s, n in lengths.items()])
-    _check("tiled, one-sequence block out of order", got, want, used, batch.n)
+    for kernel, tiling in ((1, None), (2, None), (2, (64, 4, 2))):
+        d = KA.tiled_dispatch(kernels, _buf(gpu, q), _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32)),
+                              out, _paging(gpu, batch, pool), n_heads, kv_heads, hd, vd, 0.125, 40, None, batch.T,
+                              kernel=kernel, tiling=tiling)
+        run(gpu, [d])
+        got = read(gpu, out, count=batch.T * n_heads * vd).reshape(batch.T, -1)
+        _check(f"tiled, one-sequence block out of order (kernel {kernel}, {tiling})", got, want, used, batch.n)
 
 
 # --- RoPE and the KV store ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from infr.gpu.backend import GPUBackend
 from infr.models import build_spec
 from infr.numerics import INFR, LLAMACPP
 from infr.plan import build_plan
+from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
@@ -223,5 +224,23 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMQ.mmq_pipeline(rec, q, tile, pair_act="silu", expert=True)
     assert len(asked) == (5 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
                           + 2 * len(KMQ.READERS) * len(KMQ.TILES))
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
+    """Both tiled prefill kernels on the real models' head shapes and others, attn_tiled2 on the
+    tilings it picks (64 slots of 4 up to head dim 128, 16 slots of 2 past it or for short batches;
+    1 to 8 heads a workgroup) and some perf/attn_prefill_time.py --sweep times."""
+    asked: set = set()
+    rec = _Recorder(gpu, asked)
+    shapes = [(2, 2, 64, 64), (8, 2, 64, 64), (32, 8, 128, 128), (32, 4, 128, 128), (64, 4, 128, 128),
+              (12, 2, 128, 128), (16, 8, 256, 256), (8, 1, 256, 256), (4, 2, 96, 64), (8, 4, 256, 128)]
+    for shape in shapes:
+        KA.tiled_pipeline(rec, *shape, 32, 1)
+        for tiling in (None, KA.TILED2_SMALL, (32, 4, 4), (64, 8, 2), (64, 4, 4)):  # the defaults, --sweep's
+            KA.tiled_pipeline(rec, *shape, 32, 2, tiling)
+    KA.tiled_pipeline(rec, 8, 2, 64, 64, 16, 2)
+    assert {k[0] for k in asked} == {"attn_tiled", "attn_tiled2"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors

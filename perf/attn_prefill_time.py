@@ -1,0 +1,94 @@
+"""Prefill attention: attn_tiled (old) against attn_tiled2 (new) at T = 512, one
+sequence from position 0, on whatever adapter is present.
+
+    python3 perf/attn_prefill_time.py                # T=512, the three shapes below
+    python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
+    python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
+    python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
+
+H100 80GB, 2026-12-05 (old / new µs): through Dawn 347 / 224 (8B), 345 / 223 (Qwen3-30B-A3B),
+398 / 245 (16/8 x 256); through wgpu-native 1047 / 2458 (8B), hence attn_tiled2 is the default on Dawn only.
+
+Shapes (query heads, kv heads, head dim): Llama-3.1-8B (32, 8, 128), Qwen3-30B-A3B
+(32, 4, 128), Gemma-like (16, 8, 256). Each kernel is built through infr's own
+dispatch machinery (kernels_attention.tiled_dispatch), warmed up, then REPS calls are
+encoded in one compute pass and the submit is timed to a read-back (perf/timing.py,
+best of 3): µs per call = per layer. The outputs of the two kernels are compared too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import seconds_per_rep
+
+from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_misc as KS
+from infr.gpu.device import get_device
+from infr.gpu.runtime import Kernels, read, run, storage
+
+SHAPES = [(32, 8, 128), (32, 4, 128), (16, 8, 256)]
+# attn_tiled2 tilings (M slots, QPI slots an invocation, KPI keys an invocation) for --sweep; those
+# past the adapter's workgroup memory are left out (64,4,4 needs 41 KiB: NVIDIA's 48 KiB, not lavapipe's 32)
+SWEEP = [(64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 2), (32, 2, 2), (32, 4, 2), (128, 8, 2), (16, 2, 2), (16, 4, 2),
+         (16, 1, 2), (16, 2, 4), (32, 2, 4)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--sweep", action="store_true", help="also time attn_tiled2's other tilings that fit")
+    ap.add_argument("--flavor", default="wgpu", help="wgpu (wgpu-native, naga) or dawn (wgpudawn, Tint)")
+    a = ap.parse_args()
+    dev = get_device(flavor=a.flavor)
+    kern = Kernels(dev)
+    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
+    print(f"{'shape (H/Hkv x D)':<20} {'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
+    rng = np.random.default_rng(0)
+    T = a.T
+    for n_heads, kv_heads, hd in SHAPES:
+        n_ctx = T
+        kc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        vc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
+        outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
+        pg = KS.single_sequence(dev, 0, T, n_ctx)
+        args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
+        us, got = [], []
+        for i, kernel in enumerate((1, 2)):  # 2: attn_tiled2 at its default tiling, also where not the default kernel
+            d = KA.tiled_dispatch(kern, q, kc, vc, outs[i], pg, *args, kernel=kernel)
+            run(dev, [d])  # compile and warm up
+            got.append(read(dev, outs[i], count=T * n_heads * hd))
+            us.append(seconds_per_rep(dev, [[d]], a.reps, outs[i]) * 1e6)
+        # causal: T(T+1)/2 scores a head; 2 FLOPs a MAC in q.k and in p.V (the old and new kernels
+        # both compute q.k twice, counted once: the useful work)
+        flops = n_heads * T * (T + 1) / 2 * hd * 2 * 2
+        diff = float(np.abs(got[0] - got[1]).max())
+        t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, KA.default_tiling(kern, hd, hd), T=T)
+        print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>9.1f} {us[1]:>9.1f} {us[0] / us[1]:>7.2f}x "
+              f"{flops / us[1] / 1e6:>12.2f} {diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI})")
+        if a.sweep:
+            mem = int(dev.limits.get("max-compute-workgroup-storage-size", 16384))
+            for tiling in SWEEP:
+                t = KA.tiled2_shape(n_heads, kv_heads, hd, hd, tiling)
+                if t.workgroup_bytes(hd, hd) > mem or t.WG > 1024:
+                    continue
+                d = KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=2, tiling=tiling)
+                run(dev, [d])
+                diff = float(np.abs(got[0] - read(dev, outs[1], count=T * n_heads * hd)).max())
+                u = seconds_per_rep(dev, [[d]], a.reps, outs[1]) * 1e6
+                print(f"{'  tiling M,QPI,KPI':<20} {'':>9} {u:>9.1f} {us[0] / u:>7.2f}x {flops / u / 1e6:>12.2f} "
+                      f"{diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI}, WG {t.WG}, "
+                      f"{t.workgroup_bytes(hd, hd)} B)")
+
+
+if __name__ == "__main__":
+    main()
