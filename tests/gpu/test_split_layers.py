@@ -1,0 +1,107 @@
+"""One model across two devices (`--split-mode layer --tensor-split 1,1`, infr/gpu/split.py): on
+lavapipe the two are devices of one adapter, so this runs the real path, hand-over included. Greedy
+tokens equal one device's on the three real models, through forward() and through the engine's
+step() with two sequences at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infr.errors import UnsupportedError
+from infr.gguf_file import open_gguf
+from infr.gpu.backend import GPUBackend
+from infr.gpu.split import SplitBackend, make_split
+from infr.models import build_spec
+from infr.plan import build_plan
+from infr.sampling import SamplingParams
+from infr.split import SplitOptions
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+MODELS = {"smollm2-135m": "smollm2_path", "gemma3-270m": "gemma3_path", "qwen2.5-coder-0.5b": "qwen_coder_path"}
+N_NEW = 8
+TWO = SplitOptions("layer", (1.0, 1.0), same_adapter=True)
+
+
+def _prompts(name: str) -> list[list[int]]:
+    cases = json.loads((FIXTURES / f"generation_{name}.json").read_text())["cases"]
+    return [cases[0]["prompt_ids"], cases[1]["prompt_ids"]]
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def pair(request, gpu):
+    """(name, path, one device's backend, the split's), loaded once per model."""
+    name = request.param
+    path = request.getfixturevalue(MODELS[name])
+    gf = open_gguf(path)
+    plan = build_plan(build_spec(gf))
+    n_ctx = max(map(len, _prompts(name))) + N_NEW + 8
+    return name, path, GPUBackend(gf, plan, n_ctx, dev=gpu), make_split(gf, plan, n_ctx, TWO)
+
+
+def _greedy(backend, prompt: list[int], n: int) -> list[int]:
+    token = int(np.argmax(backend.forward(prompt, 0)[-1]))
+    out = [token]
+    for i in range(n - 1):
+        token = int(np.argmax(backend.forward([token], len(prompt) + i)[-1]))
+        out.append(token)
+    return out
+
+
+def _layers_of(backend: GPUBackend) -> set[int]:
+    """The layers whose weights the backend holds (stacked q|k|v keys are tuples of names)."""
+    names = [n for key in backend.weights for n in (key if isinstance(key, tuple) else (key,))]
+    return {int(n.split(".")[1]) for n in names if n.startswith("blk.")}
+
+
+def test_both_devices_hold_their_layers(pair):
+    name, _, one, two = pair
+    n_layer = one.plan.spec.n_layers
+    assert isinstance(two, SplitBackend) and len(two.stages) == 2
+    (a0, b0), (a1, b1) = two.layers
+    assert (a0, b1) == (0, n_layer) and b0 == a1 and 0 < b0 < n_layer  # contiguous, both non-empty
+    first, last = two.stages
+    assert first.dev is not last.dev and first.dev.device is not last.dev.device
+    assert _layers_of(first) == set(range(a0, b0)) and _layers_of(last) == set(range(a1, b1))
+    assert set(first.kv.k) <= set(range(a0, b0)) and set(last.kv.k) <= set(range(a1, b1))
+    assert first.kv.k and last.kv.k  # each device keeps its own layers' KV cache
+    assert "output_norm.weight" in last.weights and "output_norm.weight" not in first.weights
+    assert not first.plan.head and not last.plan.embed and last.plan.inputs == (("x", one.plan.spec.n_embd),)
+
+
+def test_greedy_tokens_equal_one_device(pair):
+    name, _, one, two = pair
+    prompt = _prompts(name)[0]
+    assert _greedy(two, prompt, N_NEW) == _greedy(one, prompt, N_NEW), name
+
+
+def test_engine_steps_two_sequences_equal_one_device(pair):
+    """The engine's path (`infr run`, `infr serve`): prefill and decode rows of two sequences in
+    one step() each, through both devices; sampled on the last."""
+    from infr.engine import Model
+    from infr.scheduler import Request
+
+    name, path, one, _ = pair
+    model = Model(path, n_ctx=one.n_ctx, backend="gpu", parallel=2, split=TWO)
+    assert isinstance(model.backend, SplitBackend) and model.backend.multi_step == 1
+    greedy = SamplingParams(temperature=0.0)
+    reqs = [Request(p, greedy, max_new=N_NEW, ignore_eos=True) for p in _prompts(name)]
+    for r in reqs:
+        model.engine.submit(r)
+    model.engine.run_until(lambda: all(r.done for r in reqs))
+    for r, p in zip(reqs, _prompts(name)):
+        assert r.finish_reason == "length", r.error
+        assert r.output == _greedy(one, p, N_NEW), name
+
+
+def test_unsupported_combinations_are_refused(pair):
+    name, path, one, _ = pair
+    if name != "smollm2-135m":
+        pytest.skip("checked once")
+    with pytest.raises(UnsupportedError, match="cpu-moe"):
+        make_split(one.gf, one.plan, one.n_ctx, TWO, cpu_moe=1)
+    with pytest.raises(UnsupportedError, match="row"):
+        SplitOptions.read("row")
