@@ -45,9 +45,14 @@ def make_split(gf: GGUFFile, plan: Plan, n_ctx: int, opts: SplitOptions, flavor:
     props = opts.tensor_split or (1.0,) * len(distinct_adapters(flavor))  # default: equal shares of each GPU
     parts = stages(plan.spec.n_layers, props)
     devs, note = get_devices(len(props), flavor, opts.same_adapter)
-    if note and note not in _NOTED:
-        _NOTED.add(note)
-        print(f"infr: {note}", file=sys.stderr)
+    layout = "layer split: " + "; ".join(
+        f"device {p.device}: " + ({0: "no layers", 1: f"layer {p.first}"}.get(p.last - p.first)
+                                  or f"layers {p.first}-{p.last - 1}")
+        + (" and the output" if p.head else "") for p in parts)
+    for line in (note, layout):
+        if line and line not in _NOTED:
+            _NOTED.add(line)
+            print(f"infr: {line}", file=sys.stderr)
     if len(parts) == 1:
         return GPUBackend(gf, plan, n_ctx, dev=devs[parts[0].device], **kw)
     return SplitBackend(gf, plan, n_ctx, [(devs[p.device], p) for p in parts], **kw)
@@ -67,16 +72,25 @@ class SplitBackend:
         self.gf, self.n_ctx, self.block_size = gf, n_ctx, block_size
         self.plan = plan = bind(plan, gf)
         _check_placement(plan, [p for _, p in parts])
-        self.stages: list[GPUBackend] = []
-        for dev, p in parts:
-            part = plan.part(p.first, p.last, p.embed, p.head)
-            self.stages.append(GPUBackend(gf, part, n_ctx, dev=dev, progress=progress,
-                                          kv_blocks=kv_blocks if part.kv else None, block_size=block_size,
-                                          max_seqs=max_seqs, batch_tokens=batch_tokens))
+        plans = [plan.part(p.first, p.last, p.embed, p.head) for _, p in parts]
+        built: dict[int, GPUBackend] = {}
+
+        def build(i: int, blocks) -> None:
+            built[i] = GPUBackend(gf, plans[i], n_ctx, dev=parts[i][0], progress=progress, kv_blocks=blocks,
+                                  block_size=block_size, max_seqs=max_seqs, batch_tokens=batch_tokens)
+
+        # The parts with KV layers size their stores (each from its device's memory, for a KVBudget); the
+        # engine's block ids run up to the smallest, which a part without KV layers must accept too.
+        with_kv = [i for i, pl in enumerate(plans) if pl.kv] or list(range(len(plans)))
+        for i in with_kv:
+            build(i, kv_blocks)
+        self.n_blocks = min(built[i].n_blocks for i in with_kv)
+        self.n_window_blocks = min(built[i].n_window_blocks for i in with_kv)
+        for i in range(len(plans)):
+            if i not in built:
+                build(i, self.n_blocks)
+        self.stages: list[GPUBackend] = [built[i] for i in range(len(plans))]
         self.layers = [(p.first, p.last) for _, p in parts]  # each device's share, for reports and tests
-        with_kv = [s for s in self.stages if s.plan.kv] or self.stages
-        self.n_blocks = min(s.n_blocks for s in with_kv)
-        self.n_window_blocks = min(s.n_window_blocks for s in with_kv)
         self.blocks_per_seq = self.stages[0].blocks_per_seq
         self.name = self.stages[-1].name
         self.dev: Device = self.stages[-1].dev  # where tokens are sampled

@@ -113,6 +113,31 @@ def test_greedy_tokens_equal_one_device(pair):
     assert _greedy(two.backend, prompt, N_NEW) == _reference(name, one.backend, prompt), name
 
 
+@pytest.mark.parametrize("preset, props", [
+    ("tiny-qwen35", (1, 2, 1)),  # DeltaNet state on each device; the third holds the output head alone
+    ("tiny-gemma4-e2b", (1, 6)),  # per-layer inputs handed over with the residual stream
+])
+def test_tiny_families_split_equal_one_device(gpu, tmp_path, preset, props):
+    from dataclasses import replace
+
+    from infr import synth
+    from infr.gguf_file import open_gguf
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    gf = open_gguf(synth.write_gguf(replace(synth.PRESETS[preset], weight_type="F32"), tmp_path / "m.gguf"))
+    plan = build_plan(build_spec(gf))
+    split = make_split(gf, plan, 32, SplitOptions("layer", props, same_adapter=True))
+    assert isinstance(split, SplitBackend) and len(split.stages) == len(props)
+    assert split.stages[-1].plan.inputs == tuple((n, plan.widths[n]) for n in plan.carried)
+    prompt = [1, 5, 9, 13, 7]
+    assert _greedy(split, prompt, 5) == _greedy(GPUBackend(gf, plan, 32, dev=gpu), prompt, 5)
+    if preset == "tiny-gemma4-e2b":
+        assert plan.carried == ("x", "ple")
+        with pytest.raises(UnsupportedError, match="KV cache it reads"):  # layers 4, 5 read layer 1's
+            make_split(gf, plan, 32, SplitOptions("layer", (1, 1), same_adapter=True))
+
+
 def test_unsupported_combinations_are_refused(pair):
     name, one, _ = pair
     if name != "smollm2-135m":
