@@ -18,6 +18,7 @@ from infr.errors import InfrError
 from infr.gguf_file import GGUFFile
 from infr.plan import Plan
 from infr.sampling import SamplingParams
+from infr.split import SplitOptions
 
 BACKENDS = ("auto", "cpu", "gpu", "dawn")
 GPU_BACKENDS = ("gpu", "dawn")  # the GPU backend on wgpu-native, and on Dawn
@@ -60,12 +61,15 @@ def choose_backend(name: str) -> tuple[str, str | None]:
 
 
 def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks=None,
-                 max_seqs: int = 1, batch_tokens: int | None = None, cpu_moe: int = 0) -> "Backend":
+                 max_seqs: int = 1, batch_tokens: int | None = None, cpu_moe: int = 0,
+                 split: SplitOptions | None = None) -> "Backend":
     """`progress(stage, done, total)`, optional: the GPU backend's weight upload and graph build.
     `kv_blocks`: the KV store's size in blocks (default: one context), or a kvpool.KVBudget;
     `max_seqs`: sequences per step; `batch_tokens`: rows per step (with max_seqs, what sizes the
     sliding-window layers' store: kvpool.store_sizes); `cpu_moe`: the GPU backend runs the experts
-    of the first cpu_moe MoE layers on the CPU (the CPU backend runs everything there already)."""
+    of the first cpu_moe MoE layers on the CPU (the CPU backend runs everything there already);
+    `split`: `--split-mode layer` runs the GPU backend's layers over several devices (infr/gpu/split.py;
+    the CPU backend has one device and ignores it)."""
     if name == "cpu":
         from infr.cpu.backend import CPUBackend
 
@@ -73,7 +77,13 @@ def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None,
     from infr.gpu.backend import GPUBackend
     from infr.gpu.device import get_device
 
-    dev = get_device(flavor="dawn" if name == "dawn" else "wgpu")
+    flavor = "dawn" if name == "dawn" else "wgpu"
+    if split is not None and split.layered:
+        from infr.gpu.split import make_split
+
+        return make_split(gf, plan, n_ctx, split, flavor, progress=progress, kv_blocks=kv_blocks,
+                          max_seqs=max_seqs, batch_tokens=batch_tokens, cpu_moe=cpu_moe)
+    dev = get_device(flavor=flavor)
     return GPUBackend(gf, plan, n_ctx, dev=dev, progress=progress, kv_blocks=kv_blocks, max_seqs=max_seqs,
                       batch_tokens=batch_tokens, cpu_moe=cpu_moe)
 

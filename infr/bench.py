@@ -37,6 +37,7 @@ import numpy as np
 
 from infr.backends import BACKENDS, GPU_BACKENDS
 from infr.errors import InfrError
+from infr.split import SplitOptions
 
 # short names for synth presets
 SYNTH_ALIASES = {
@@ -56,7 +57,7 @@ FIELDS = (
 # kv_*: the KV pools' sizes and the most blocks in use at once over the model's tests; kv_window_*: the
 # sliding-window layers' pool (0 without such layers), whose blocks go back once past the window
 INFR_FIELDS = ("infr_backend", "device", "load_seconds", "command", "kv_blocks", "kv_blocks_peak",
-               "kv_window_blocks", "kv_window_blocks_peak", "n_cpu_moe")
+               "kv_window_blocks", "kv_window_blocks_peak", "n_cpu_moe", "split_mode", "tensor_split")
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,9 @@ def model_path(ref: str) -> Path:
     return resolve(ref)
 
 
-def load_model(path: Path, backend: str, n_ctx: int, cpu_moe: int = 0):
+def load_model(path: Path, backend: str, n_ctx: int, cpu_moe: int = 0, split=None):
     """(Model, load seconds): the engine every test runs through (infr/engine.py); `cpu_moe`: the
-    experts of the first cpu_moe MoE layers on the CPU."""
+    experts of the first cpu_moe MoE layers on the CPU; `split`: infr.split.SplitOptions."""
     from infr.backends import choose_backend
     from infr.engine import Model
 
@@ -128,7 +129,7 @@ def load_model(path: Path, backend: str, n_ctx: int, cpu_moe: int = 0):
     if note:
         print(f"infr: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    model = Model(path, n_ctx=n_ctx, backend=name, cpu_moe=cpu_moe)
+    model = Model(path, n_ctx=n_ctx, backend=name, cpu_moe=cpu_moe, split=split)
     return model, time.perf_counter() - t0
 
 
@@ -342,6 +343,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
     ap.add_argument("-ncmoe", "--cpu-moe", type=int, default=None,
                     help="experts of the first N MoE layers on the CPU, as llama-bench's -ncmoe (env INFR_CPU_MOE)")
+    ap.add_argument("-sm", "--split-mode", default=None, choices=["none", "layer", "row"],
+                    help="one model across GPUs: none or layer, as llama-bench's -sm (env INFR_SPLIT_MODE)")
+    ap.add_argument("-ts", "--tensor-split", default=None, metavar="TS0/TS1/..",
+                    help="each GPU's share of the layers, as llama-bench's -ts (3/1 or 3,1; implies -sm layer) "
+                         "(env INFR_TENSOR_SPLIT)")
     ap.add_argument("-o", "--output", default="md", choices=["md", "csv", "json", "jsonl"])
     ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
     return ap
@@ -369,15 +375,17 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
     if not tests:
         raise InfrError("no test to run: every -p, -n and -pg is 0")
     cpu_moe = cpu_moe_option(getattr(args, "cpu_moe", None))
+    split = SplitOptions.read(getattr(args, "split_mode", None), getattr(args, "tensor_split", None))
     build_commit, build_number = build_info()
     command = " ".join(["python", "-m", "infr.bench"] + list(sys.argv[1:] if argv is None else argv))
     results = []
     for ref in args.model or ["smollm2"]:
         path = model_path(ref)
-        model, load_s = load_model(path, args.backend, max(t.n_ctx for t in tests), cpu_moe)
+        model, load_s = load_model(path, args.backend, max(t.n_ctx for t in tests), cpu_moe, split)
         common = {"build_commit": build_commit, "build_number": build_number, "cpu_info": cpu_info(),
                   **model_info(path, model.gguf, model.plan), **backend_info(model.backend, model.backend_name),
-                  "load_seconds": round(load_s, 3), "command": command, "n_cpu_moe": cpu_moe}
+                  "load_seconds": round(load_s, 3), "command": command, "n_cpu_moe": cpu_moe,
+                  **split_info(split)}
         for test in tests:
             samples = time_test(model, test, args.repetitions, warmup=not args.no_warmup)
             record = {**common, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
@@ -387,6 +395,13 @@ def bench(args, argv: list[str] | None = None) -> list[dict]:
             print(f"infr: {path.name} {test.name}: {record['avg_ts']:.2f} t/s", file=sys.stderr)
         del model
     return results
+
+
+def split_info(split) -> dict:
+    """llama-bench's split_mode and tensor_split keys (its "0.75/0.25" form: each device's fraction)."""
+    props = split.tensor_split if split.layered and split.tensor_split else ()
+    total = sum(props)
+    return {"split_mode": split.mode, "tensor_split": "/".join(f"{p / total:.2f}" for p in props) or "0.00"}
 
 
 def cpu_moe_option(flag: int | None) -> int:

@@ -29,7 +29,10 @@ RUN_OPTIONS = {
     "ctx": ("INFR_CTX", int, 4096),
     "backend": ("INFR_BACKEND", str, "auto"),
     "cpu_moe": ("INFR_CPU_MOE", int, 0),  # experts of the first N MoE layers on the CPU (llama.cpp's --n-cpu-moe)
+    "split_mode": ("INFR_SPLIT_MODE", str, None),  # none | layer: one model across GPUs (infr/split.py)
+    "tensor_split": ("INFR_TENSOR_SPLIT", str, None),  # each GPU's share of the layers, e.g. 3,1
 }
+SHORT_FLAGS = {"split_mode": "-sm", "tensor_split": "-ts"}  # llama.cpp's
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("model", nargs="?", help="model to run")
     run.add_argument("message", nargs="?", help="message to send (omit for an interactive chat)")
     for name, (env, typ, _) in RUN_OPTIONS.items():
-        run.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"(env {env})")
+        flags = [SHORT_FLAGS[name]] if name in SHORT_FLAGS else []
+        run.add_argument(*flags, "--" + name.replace("_", "-"), type=typ, default=None, help=f"(env {env})")
     run.add_argument("--raw", action="store_true", help="send MESSAGE as a plain prompt, print only the text")
     run.add_argument("--system", default=None, help="system message for chat")
     run.add_argument("--device", type=int, default=None, help="GPU adapter number from `infr devices` (env INFR_DEVICE)")
@@ -88,6 +92,7 @@ def _split_model_and_message(args: argparse.Namespace) -> tuple[str | None, str 
 def cmd_run(args: argparse.Namespace) -> int:
     from infr.engine import Model
     from infr.sampling import SamplingParams
+    from infr.split import SplitOptions
     from infr.store import resolve
 
     opts = _options(args)
@@ -105,9 +110,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InfrError(f"--max-new must be >= 0, got {opts['max_new']}")
     if opts["cpu_moe"] < 0:
         raise InfrError(f"--cpu-moe must be >= 0, got {opts['cpu_moe']}")
+    split = SplitOptions.read(opts["split_mode"], opts["tensor_split"])
     path = resolve(model_ref)
     t0 = time.perf_counter()
-    model = Model(path, n_ctx=opts["ctx"], backend=opts["backend"], cpu_moe=opts["cpu_moe"])
+    model = Model(path, n_ctx=opts["ctx"], backend=opts["backend"], cpu_moe=opts["cpu_moe"], split=split)
     if model.backend_note:
         print(f"infr: {model.backend_note}", file=sys.stderr)
     print(f"infr: loaded {path.name} on {model.backend_name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

@@ -30,6 +30,7 @@ from infr.models.spec import ModelSpec
 from infr.plan import Plan, bind, build_plan
 from infr.sampling import SamplingParams
 from infr.scheduler import Request, Scheduler
+from infr.split import SplitOptions
 from infr.tokenizer import Tokenizer
 
 
@@ -64,11 +65,13 @@ class Model:
     checkpoints.EVERY_TOKENS) and at its last block boundary. A model with sliding-window layers
     (gemma3, gemma4) pins their last window at the same points instead (checkpoints.WindowCheckpoints;
     default checkpoints.SWA_PER_SEQUENCE per parallel sequence, llama-server's --swa-checkpoints; 0:
-    a prefix is reused only while the window pool still caches its window)."""
+    a prefix is reused only while the window pool still caches its window). `split`: one model across
+    several GPUs (infr/split.py: `--split-mode layer --tensor-split 1,1`)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, backend: str = "auto", progress=None,
                  parallel: int = 1, kv_tokens: int | None = None, batch_tokens: int = 512, cpu_moe: int = 0,
-                 checkpoints: int | None = None, checkpoint_every: int | None = None):
+                 checkpoints: int | None = None, checkpoint_every: int | None = None,
+                 split: SplitOptions | None = None):
         self.path = Path(path)
         self.gguf: GGUFFile = open_gguf(self.path)
         self.spec: ModelSpec = build_spec(self.gguf)
@@ -98,7 +101,8 @@ class Model:
         self.backend_name, self.backend_note = choose_backend(backend)
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
         self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
-                                    kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens, cpu_moe=cpu_moe)
+                                    kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens, cpu_moe=cpu_moe,
+                                    split=split)
         self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
         self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
         # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`

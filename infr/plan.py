@@ -10,7 +10,7 @@ it checks the weights' shapes and sets each matmul's input numerics
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 import numpy as np
@@ -69,6 +69,11 @@ class Plan:
     # How the matmuls marked q8 round their activations (numerics.ROUNDINGS): infr's, or llama.cpp's
     # for the oracle tests; both backends read it here.
     q8_rounding: str = numerics.INFR
+    # Where each layer's ops begin in `layers` (build_plan sets it): what a layer split cuts at (part).
+    layer_starts: tuple[int, ...] = ()
+    # Values a part of a plan reads before it writes them, with their widths: handed to it by the part
+    # before (part; empty for a whole plan, whose embed writes them).
+    inputs: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         numerics.check_rounding(self.q8_rounding)
@@ -138,12 +143,39 @@ class Plan:
     def widths(self) -> dict[str, int]:
         """Each named value's width (the widest it holds anywhere in the plan): what a backend sizes
         its activation buffers by."""
-        out: dict[str, int] = {}
+        out: dict[str, int] = dict(self.inputs)
         for op in self.ops:
             w = _width(op, out, self.spec)
             if w:
                 out[op.dst] = max(out.get(op.dst, 0), w)
         return out
+
+    @cached_property
+    def carried(self) -> tuple[str, ...]:
+        """The values that cross from one layer to the next: the residual stream "x" and what the
+        embed part computes for every layer to read (gemma4's per-layer inputs "ple"). Every other
+        value a layer reads it wrote itself (each layer begins by norming x), so a split of the
+        plan between layers hands over exactly these."""
+        written = {op.dst for op in self.embed if hasattr(op, "dst")} - {"x"}
+        read = {v for op in self.layers for f in fields(op)
+                if f.name != "dst" and isinstance(v := getattr(op, f.name), str)}
+        return ("x",) + tuple(sorted(written & read))
+
+    def part(self, first: int, last: int, embed: bool, head: bool) -> "Plan":
+        """Layers first .. last - 1 as a plan of their own (a device's share of a layer split),
+        with the embed part and the head where asked. A part without the embed reads the carried
+        values (Plan.carried) as inputs, which the part before hands it."""
+        if len(self.layer_starts) != self.spec.n_layers:
+            raise InfrError("this plan does not mark where its layers begin (build_plan does)")
+        if not 0 <= first <= last <= self.spec.n_layers:
+            raise InfrError(f"layers {first}..{last - 1} are not in 0..{self.spec.n_layers - 1}")
+        bounds = self.layer_starts + (len(self.layers),)
+        widths = self.widths
+        return replace(
+            self, embed=self.embed if embed else (), layers=self.layers[bounds[first]:bounds[last]],
+            head=self.head if head else (), state=tuple(st for st in self.state if first <= st.layer < last),
+            layer_starts=tuple(b - bounds[first] for b in bounds[first:last]),
+            inputs=() if embed else tuple((name, widths[name]) for name in self.carried))
 
     def weights(self) -> list[str]:
         names: list[str] = []
@@ -184,7 +216,7 @@ def check_shapes(plan: Plan, gf) -> None:
     """Every matmul's weight has the shape the family declares: [n_out, width of its input]."""
     from infr.errors import InfrError
 
-    now: dict[str, int] = {}  # each value's width where the op reads it
+    now: dict[str, int] = dict(plan.inputs)  # each value's width where the op reads it
     for op in plan.ops:
         if isinstance(op, MatMul) and op.n_out:
             shape = tuple(int(d) for d in gf.tensor(op.weight).shape)
@@ -266,7 +298,9 @@ def build_plan(spec: ModelSpec) -> Plan:
                   PerLayerInputs("ple", "plp", "per_layer_token_embd.weight", "per_layer_proj_norm.weight",
                                  spec.n_layers, spec.per_layer_input, spec.n_embd, spec.norm_eps))
     layers: list[Op] = []
+    starts: list[int] = []
     for layer in spec.layers:
+        starts.append(len(layers))
         layers += _deltanet_block(spec, layer) if layer.mixer is not None else _attention_block(spec, layer)
         layers += _ffn_block(spec, layer)
         layers += _layer_tail(spec, layer)
@@ -278,7 +312,7 @@ def build_plan(spec: ModelSpec) -> Plan:
     state = tuple(RecurrentState(la.index, la.mixer) if la.mixer is not None else
                   KVState(la.index, la.attention.n_kv_heads, la.attention.head_dim, la.attention.v_head_dim,
                           la.attention.sliding_window) for la in spec.layers if la.kv_from is None)
-    return Plan(spec, embed, tuple(layers), tuple(head), state)
+    return Plan(spec, embed, tuple(layers), tuple(head), state, layer_starts=tuple(starts))
 
 
 def _attention_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:

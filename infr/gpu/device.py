@@ -139,8 +139,9 @@ def list_adapters(flavor: str = "wgpu") -> list:
 
 
 @lru_cache(maxsize=None)
-def get_device(index: int | None = None, flavor: str = "wgpu") -> Device:
-    """The process-wide device of an implementation (pipelines and buffers are shared across sessions)."""
+def get_device(index: int | None = None, flavor: str = "wgpu", instance: int = 0) -> Device:
+    """The process-wide device of an implementation (pipelines and buffers are shared across sessions).
+    `instance` k > 0: another device of the same adapter (a layer split on one GPU: get_devices)."""
     adapters = list_adapters(flavor)
     if not adapters:
         raise NoAdapterError("no WebGPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers)")
@@ -157,6 +158,36 @@ def get_device(index: int | None = None, flavor: str = "wgpu") -> Device:
     limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
     device = adapter.request_device_sync(required_features=[names[f] for f in ours], required_limits=limits)
     return Device(device, adapter, dict(adapter.info), frozenset(ours), limits, api_module(flavor), flavor)
+
+
+def _default_index() -> int:
+    try:
+        return int(os.environ.get("INFR_DEVICE") or 0)
+    except ValueError:
+        return 0
+
+
+def distinct_adapters(flavor: str = "wgpu") -> list[int]:
+    """Indices (list_adapters') of the distinct GPUs: the adapters of the default one's backend type
+    (wgpu lists one GPU once per backend, Vulkan and GL)."""
+    kind = get_device(flavor=flavor).info.get("backend_type")
+    return [i for i, a in enumerate(list_adapters(flavor)) if a.info.get("backend_type") == kind]
+
+
+def get_devices(n: int, flavor: str = "wgpu", same_adapter: bool = False) -> tuple[list[Device], str | None]:
+    """n devices for a layer split (infr/split.py), and a note when they share an adapter: the
+    first n distinct adapters (distinct_adapters), else, or with same_adapter, n devices requested
+    from the adapter get_device picks (INFR_DEVICE / --device), so the split's path runs on one GPU
+    too. The default adapter's device is get_device's own (its pipelines shared)."""
+    first = get_device(flavor=flavor)  # called as everyone calls it: lru_cache keys on the spelling
+    distinct = distinct_adapters(flavor)
+    if n <= len(distinct) and not same_adapter:
+        default = distinct.index(first_index) if (first_index := _default_index()) in distinct else -1
+        return [first if j == default else get_device(i, flavor=flavor) for j, i in enumerate(distinct[:n])], None
+    why = "as asked (INFR_SPLIT_SAME_ADAPTER)" if same_adapter and n <= len(distinct) else \
+        f"{len(distinct)} distinct adapter(s)"
+    return [first] + [get_device(flavor=flavor, instance=k) for k in range(1, n)], \
+        f"{why} for a split over {n} GPUs: running {n} devices of {first.name}"
 
 
 def _probe_subgroup_size(dev: Device) -> int:

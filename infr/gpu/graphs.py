@@ -123,6 +123,7 @@ class Graphs:
                     body += lower.op(op)
             i += len(g.ops)
         x_buf = lower.current("x")
+        ends = {name: lower.current(name) for name in self.plan.carried}  # what a layer split hands on
         head = []
         if n_logits:
             if n_logits != T:
@@ -131,12 +132,19 @@ class Graphs:
             for j, op in enumerate(self.plan.head):
                 lower.ahead, lower.ahead2 = _next_two(self.plan.head, j)
                 head += lower.op(op)
-        logits = lower.current("logits") if n_logits else None
+        logits = lower.current("logits") if n_logits and self.plan.head else None  # a split's first parts: no head
         body, head = HM.recording(body), Recording(head)  # prepared once, re-encoded every call
-        self._graphs[key] = (body, head, x_buf, logits)
+        self._graphs[key] = (body, head, x_buf, logits, ends)
         while len(self._graphs) > SHAPE_CACHE:
             self._graphs.popitem(last=False)
         return body, head, x_buf
+
+    def _ends(self, T: int, far: bool = False, decode: bool = False) -> dict:
+        """The buffers holding the carried values (Plan.carried) after the body of the headless
+        graph of T rows: what a layer split's part hands to the next (infr/gpu/split.py)."""
+        self._graph(T, 0, far, decode)
+        decode = decode and T > KA.SPLIT_MAX_T
+        return self._graphs[(T, 0, far and self._has_spans(T, decode), decode)][4]
 
     @property
     def dispatches_per_token(self) -> int:

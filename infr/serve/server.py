@@ -29,6 +29,8 @@ SERVE_OPTIONS = {
     "backend": ("INFR_BACKEND", str, "auto"),
     "alias": ("INFR_MODEL_ALIAS", str, None),
     "cpu_moe": ("INFR_CPU_MOE", int, 0),
+    "split_mode": ("INFR_SPLIT_MODE", str, None),  # none | layer (infr/split.py)
+    "tensor_split": ("INFR_TENSOR_SPLIT", str, None),
 }
 
 
@@ -37,6 +39,8 @@ _HELP = {
     "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
     "cpu_moe": "keep the experts of the first N MoE layers in host memory, run on the CPU (llama.cpp's "
                "--n-cpu-moe) ",
+    "split_mode": "one model across GPUs: none, or layer (contiguous layers per GPU), as llama.cpp's -sm ",
+    "tensor_split": "each GPU's share of the layers, e.g. 3,1, as llama.cpp's -ts (implies --split-mode layer) ",
     "alias": "the model id clients see in /v1/models and every response's `model` (default: MODEL as given, "
              "or a GGUF path's file stem) ",
     "kv_size": "KV cache capacity shared by all sequences: tokens, or a fraction of the memory free after the "
@@ -85,6 +89,9 @@ def config_from_args(args: argparse.Namespace):
         raise InfrError(f"--ctx must be >= 16, got {opts['ctx']}")
     if not 0 <= opts["port"] <= 65535:
         raise InfrError(f"--port must be 0..65535, got {opts['port']}")
+    from infr.split import SplitOptions
+
+    split = SplitOptions.read(opts["split_mode"], opts["tensor_split"])
     model = args.model or os.environ.get("INFR_MODEL") or None
     strict = getattr(args, "strict_model", None)
     if strict is None:
@@ -92,7 +99,7 @@ def config_from_args(args: argparse.Namespace):
     return Config(model=model, host=opts["host"], port=opts["port"], api_key=opts["api_key"], ctx=opts["ctx"],
                   parallel=opts["parallel"], batch_tokens=opts["batch_tokens"], kv_size=opts["kv_size"],
                   backend=opts["backend"], model_alias=opts["alias"], cpu_moe=opts["cpu_moe"],
-                  strict_model=strict)
+                  strict_model=strict, split=split)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ class Config:
     model_alias: str | None = None
     strict_model: bool = False  # 404 for a request naming another model (default: any name is served)
     cpu_moe: int = 0  # experts of the first N MoE layers on the CPU (--cpu-moe)
+    split: "SplitOptions | None" = None  # one model across GPUs (--split-mode, --tensor-split; infr/split.py)
 
 
 def served_id(ref: str | None, alias: str | None = None) -> str:
@@ -120,7 +121,7 @@ class Service:
         t0 = time.perf_counter()
         cfg = self.config
         model = Model(path, n_ctx=cfg.ctx, backend=cfg.backend, parallel=cfg.parallel, kv_tokens=cfg.kv_size,
-                      batch_tokens=cfg.batch_tokens, cpu_moe=cfg.cpu_moe)
+                      batch_tokens=cfg.batch_tokens, cpu_moe=cfg.cpu_moe, split=cfg.split)
         self.grammars = Grammars(model.tokenizer, model.spec.n_vocab)
         self.names |= {path.name, path.stem, str(path)}
         if self.config.model:
