@@ -228,7 +228,10 @@ def test_tiled2_tilings(gpu, kernels, case, tiling):
     n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
     t = KA.tiled2_shape(n_heads, kv_heads, hd, vd, tiling)
     if t.workgroup_bytes(hd, vd) > gpu.limits["max-compute-workgroup-storage-size"]:
-        pytest.skip(f"{t} needs {t.workgroup_bytes(hd, vd)} bytes of workgroup memory")
+        # tiled_kernel never picks a tiling past the device's workgroup memory (it falls back to
+        # attn_tiled there), so on this adapter there is no kernel of this tiling to test
+        pytest.skip(f"{t} needs {t.workgroup_bytes(hd, vd)} bytes of workgroup memory, more than this adapter's "
+                    f"{gpu.limits['max-compute-workgroup-storage-size']}; never selected here, run where the device has that much")
     n_kv = start + T
     rng = np.random.default_rng(len(case) + start)
     kc, vc = _caches(rng, n_kv + 20, kv_heads, hd, vd)
