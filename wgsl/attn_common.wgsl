@@ -95,3 +95,28 @@ fn split_work(wid: vec3<u32>, rk: RowKeys, hg: u32, c: u32) -> SplitWork {
     let h0 = wid.y * hg;
     return SplitWork(h0, h0 / (params.n_heads / params.kv_heads), rk.lo / c + wid.x, (rk.hi - 1u) / c);
 }
+
+// The tiled prefill kernels walk each sequence of a row block once, in the order of its first row:
+// whether row r of the block from t0 is its sequence's first there.
+fn first_of_seq(t0: u32, r: u32) -> bool {
+    let slot = rows[2u * (t0 + r) + 1u];
+    for (var e = 0u; e < r; e++) {
+        if (rows[2u * (t0 + e) + 1u] == slot) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The union [x, y) of the key ranges of the block's rows r .. nq - 1 in row r's sequence.
+fn seq_key_union(t0: u32, r: u32, nq: u32) -> vec2<u32> {
+    let slot = rows[2u * (t0 + r) + 1u];
+    var u = vec2<u32>(0xffffffffu, 0u);
+    for (var e = r; e < nq; e++) {
+        if (rows[2u * (t0 + e) + 1u] == slot) {
+            let p = rows[2u * (t0 + e)];
+            u = vec2<u32>(min(u.x, key_lo(p, params.window, params.chunk)), max(u.y, p + 1u));
+        }
+    }
+    return u;
+}

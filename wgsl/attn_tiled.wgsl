@@ -111,28 +111,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc: array<vec4<f32>, NV>;
     // One walk per sequence of the block, in the order of its first row.
     for (var r = 0u; r < nq; r++) {
-        let slot = rows[2u * (t0 + r) + 1u];
-        var seen = false;
-        for (var e = 0u; e < r; e++) {
-            if (rows[2u * (t0 + e) + 1u] == slot) {
-                seen = true;
-                break;
-            }
-        }
-        if (seen) {
+        if (!first_of_seq(t0, r)) {
             continue;
         }
+        let slot = rows[2u * (t0 + r) + 1u];
         // The union of this sequence's rows' key ranges, from a multiple of BK.
-        var blk_lo = 0xffffffffu;
-        var blk_hi = 0u;
-        for (var e = r; e < nq; e++) {
-            if (rows[2u * (t0 + e) + 1u] == slot) {
-                let p = rows[2u * (t0 + e)];
-                blk_lo = min(blk_lo, key_lo(p, params.window, params.chunk));
-                blk_hi = max(blk_hi, p + 1u);
-            }
-        }
-        blk_lo = blk_lo / BK * BK;
+        let u = seq_key_union(t0, r, nq);
+        let blk_lo = u.x / BK * BK;
+        let blk_hi = u.y;
         let tb = slot * params.blocks_per_seq;
         let mine = valid && rows[2u * (t0 + qi) + 1u] == slot;
 

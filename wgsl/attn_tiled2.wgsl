@@ -165,27 +165,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc: array<array<vec4<f32>, NV>, QPI>;
     // One walk per sequence of the block, in the order of its first row.
     for (var r = 0u; r < nq; r++) {
-        let slot = rows[2u * (t0 + r) + 1u];
-        var seen = false;
-        for (var e = 0u; e < r; e++) {
-            if (rows[2u * (t0 + e) + 1u] == slot) {
-                seen = true;
-                break;
-            }
-        }
-        if (seen) {
+        if (!first_of_seq(t0, r)) {
             continue;
         }
+        let slot = rows[2u * (t0 + r) + 1u];
         // The union of this sequence's rows' key ranges; tiles from a multiple of BK.
-        var u_lo = 0xffffffffu;
-        var u_hi = 0u;
-        for (var e = r; e < nq; e++) {
-            if (rows[2u * (t0 + e) + 1u] == slot) {
-                let p = rows[2u * (t0 + e)];
-                u_lo = min(u_lo, key_lo(p, params.window, params.chunk));
-                u_hi = max(u_hi, p + 1u);
-            }
-        }
+        let u = seq_key_union(t0, r, nq);
+        let u_lo = u.x;
+        let u_hi = u.y;
         let blk_lo = u_lo / BK * BK;
         let tb = slot * params.blocks_per_seq;
         var mine: array<bool, QPI>;
