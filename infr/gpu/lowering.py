@@ -26,7 +26,7 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.models.spec import Activation, RopeSpec, RopeStyle
+from infr.models.spec import RopeSpec, RopeStyle
 from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, PerLayerInputs, PLEGate,
                       QueryTemp, RMSNorm, Rope, SigmoidGate, SigmoidMul, Softcap, StoreKV)
 from infr.plan import Plan
@@ -157,8 +157,8 @@ class Lowering:
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
         if KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
-            if act.act is Activation.GELU_F16:
-                return None  # the int8 GEMM's pair has no table GELU: gate, up, then gated_gelu_f16
+            if not KMQ.pairs_act(self.k, tg, chunks_g, self.rows, act.act):
+                return None  # the tensor cores' pair has no table GELU: gate, up, then gated_gelu_f16
             y = self.target(act.dst, mg.src)
             pre, xq = self.q8_input(x, int(tg.shape[-1]))
             return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)

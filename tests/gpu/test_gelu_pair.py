@@ -2,8 +2,9 @@
 wgsl/gelu_f16.wgsl), dense and over expert banks: word for word what the unfused dispatches give
 (gate and up as two GEMVs, then gemma4.wgsl's gated_gelu_f16), since the table GELU jumps between
 f16 steps and a last-bit difference in the activation can move a whole step. Odd shapes: rows not a
-multiple of a workgroup's 8, one and several tokens, one type and two. End to end: tiny gemma4 models
-whose FFNs and experts take the pair decode as the CPU reference does."""
+multiple of a workgroup's 8, one and several tokens, one type and two. The int8 GEMM's pair (prompt
+batches, gemm_mmq.wgsl) likewise; the tensor cores' pair refuses it. End to end: tiny gemma4 models
+whose FFNs and experts take the pairs decode as the CPU reference does."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from infr.gguf_file import open_gguf
 from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_mma as KMA
+from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.backend import GPUBackend
@@ -128,6 +131,39 @@ def test_expert_pair_equals_gate_up_then_table_gelu(gpu, kernels, types):
     np.testing.assert_array_equal(want.view(np.float32), F.gated_act(gate, up, GELU))
 
 
+# (type, N, K, T, tile): prompt batches (T >= MMQ_MIN_T), the int8 GEMM's pair with its own tile or
+# test_mmq_types's PAIR tile (PREFETCH 1) against gate and up in the plain tiles
+MMQ = [(Q.Q4_K, 37, 512, 70, None), (Q.Q6_K, 21, 256, 33, None), (Q.Q8_0, 72, 512, 70, KMQ.MmqTile(64, 64, 4, 4, 0, 1))]
+
+
+@pytest.mark.parametrize("q,N,K,T,tile", MMQ, ids=["q4_k", "q6_k", "q8_0-prefetch"])
+def test_mmq_pair_equals_gate_up_then_table_gelu(gpu, kernels, q, N, K, T, tile):
+    rng = np.random.default_rng([int(q), N, T])
+    wg, wu = make_weight(q, N, K, rng), make_weight(q, N, K, rng)
+    cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
+    d, xq = KQ.quantize_dispatch(kernels, storage(gpu, _x(rng, T, K, wg)), K, T,
+                                 into=storage(gpu, 4 * T * KQ.words(K)))
+    assert tile is not None or KMQ.pairs_act(kernels, wg, cg, T, GELU)  # no tensor cores here: the int8 tiles
+    fused = _nan(gpu, T * N)
+    ds = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xq, fused, GELU, T, tile=tile)
+    assert ds is not None and all(dd.label.startswith(f"mmq_{q.name.lower()}_gate_up") for dd in ds)
+    g, u, apart = _nan(gpu, T * N), _nan(gpu, T * N), _nan(gpu, T * N)
+    ref = (KMQ.mmq_dispatches(kernels, wg, cg, xq, g, None, T) + KMQ.mmq_dispatches(kernels, wu, cu, xq, u, None, T)
+           + [KG4.gated_gelu_f16_dispatch(kernels, g, u, apart, T * N)])
+    run(gpu, [d] + ds + ref)
+    _table_range(read(gpu, g, np.float32, T * N))
+    want = _words(gpu, apart, T * N)
+    assert not np.isnan(want.view(np.float32)).any()
+    np.testing.assert_array_equal(_words(gpu, fused, T * N), want)
+
+
+def test_the_tensor_cores_pair_has_no_table_gelu(kernels):
+    """kernels_mma's pair is not checked word for word against the table GELU apart: refused, so
+    pairs_act sends such batches to gate, up and gated_gelu_f16."""
+    with pytest.raises(UnsupportedError, match="gelu_f16"):
+        KMA.pipeline(kernels, "q4_k", KMA.MmaTile(64, 64, 4, 2, 2, 0), "gelu_f16")
+
+
 def test_an_unknown_pair_activation_is_refused():
     with pytest.raises(UnsupportedError, match="relu"):
         KM.pair_act_consts("relu")
@@ -141,12 +177,13 @@ def _labels(g: GPUBackend, T: int) -> list[str]:
 
 
 @pytest.mark.parametrize("preset,changes", [("tiny-gemma4", {}), ("tiny-gemma4-e2b", {}),
-                                            ("tiny-gemma4-moe", {"n_ff_exp": 64})],
-                         ids=["dense", "e2b-double-wide", "moe-experts-of-64"])
+                                            ("tiny-gemma4-moe", {"n_ff_exp": 64}), ("tiny-gemma4", {"n_embd": 256})],
+                         ids=["dense", "e2b-double-wide", "moe-experts-of-64", "dense-256-prompt-mmq"])
 def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, changes):
     """Q8_0 weights of 64-value rows (the tiny models' width): every dense FFN, the E2B's double-wide
     ones, and (experts widened to 64, the int8 expert GEMV's unit) the routed experts take the pair,
-    no gated_gelu_f16 left but the E2B's per-layer-input gate; greedy tokens the CPU reference's."""
+    no gated_gelu_f16 left but the E2B's per-layer-input gate; widened to 256, the prompt's FFNs take
+    the int8 GEMM's pair. Greedy tokens the CPU reference's after a prompt of MMQ_MIN_T tokens."""
     spec = replace(synth.PRESETS[preset], weight_type="Q8_0", **changes)
     gf = open_gguf(synth.write_gguf(spec, tmp_path / f"{preset}.gguf"))
     plan = build_plan(build_spec(gf))
@@ -156,8 +193,13 @@ def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, chan
     assert sum(lb.startswith("gemv_q8_0_gate_up") for lb in labels) == n_layers
     ple = preset == "tiny-gemma4-e2b"  # its per-layer-input gate: the table GELU over a strided slice
     assert labels.count("gated_gelu_f16") == (n_layers if ple else 0)
-    assert sum(lb.startswith("gemv_q8_0_expert_gate_up") for lb in labels) == (n_layers if changes else 0)
-    prompt = np.random.default_rng(5).integers(0, plan.spec.n_vocab, 6).tolist()
+    experts = "n_ff_exp" in changes
+    assert sum(lb.startswith("gemv_q8_0_expert_gate_up") for lb in labels) == (n_layers if experts else 0)
+    T = KMQ.MMQ_MIN_T
+    prompt_labels = _labels(g, T)
+    assert (prompt_labels.count("gated_gelu_f16") == 0) == ("n_embd" in changes)
+    assert sum(lb.startswith("mmq_q8_0_gate_up") for lb in prompt_labels) == (n_layers if "n_embd" in changes else 0)
+    prompt = np.random.default_rng(5).integers(0, plan.spec.n_vocab, T).tolist()
     first = int(np.argmax(g.forward(prompt, 0)[-1]))
     got = [first] + g.decode_greedy(first, len(prompt), 12)  # one-token steps past the 8-token window
     assert_follows_greedy(c, prompt, got)
