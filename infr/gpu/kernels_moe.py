@@ -255,7 +255,8 @@ def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
 
 
 def _table_act(m: MoESpec) -> bool:
-    """gemma4's table GELU: the grouped GEMM's pair has none (the GEMV's pair has, expert_pair)."""
+    """gemma4's table GELU: not on the grouped path (gemma4's experts have output scales, which it
+    lacks; its pair with the table would bind 9 storage buffers). The GEMV's pair takes it (expert_pair)."""
     return m.activation is Activation.GELU_F16
 
 
