@@ -34,8 +34,8 @@
 //
 // PAIR (the fused gate||up): staged rows [0, BN/2) are gate rows of `w`,
 // [BN/2, BN) the same rows of `w2`; an invocation's slots i < RM/2 hold gate,
-// i + RM/2 the matching up row; the output is act(gate) * up, BN/2 rows per
-// tile. SPLIT (the fused q|k|v): store_split of gemv_split.wgsl. Params and
+// i + RM/2 the matching up row; the output is pair_act(gate) * up, BN/2 rows per
+// tile (gelu_f16: its table at binding 11). SPLIT (the fused q|k|v): store_split of gemv_split.wgsl. Params and
 // the row epilogue come from matmul_common.wgsl (x_stride: vec4 between
 // tokens of xq). Rows past N and tokens past T read row N - 1 / token T - 1
 // and are not stored. K % 256 == 0 (quantize_q8's layout). Dispatch
@@ -43,6 +43,7 @@
 // groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
 
 {{EXPERT}}
+{{ACT_TABLE}}
 // #include mmq_reader
 // #include mmq_{{QTYPE}}
 
@@ -54,7 +55,6 @@ const SUB: u32 = {{SUB}}u;  // sub-blocks per stage: 2, 4 or 8
 const PREFETCH: u32 = {{PREFETCH}}u;
 const NB: u32 = {{NB}}u;    // workgroup buffers: 1, or 2 with PREFETCH
 const PAIR: bool = {{PAIR}};
-const ACT_GELU: bool = {{GELU}};
 const TR: u32 = BN / RM;
 const TT: u32 = BT / RT;
 const WG: u32 = TR * TT;
@@ -66,6 +66,11 @@ const NX: u32 = (BT * XV + WG - 1u) / WG;     // activation vec4,
 const ND: u32 = (BT * P + WG - 1u) / WG;      // activation scale vec4
 const SWR: u32 = {{SWR}}u;  // 7: swizzle the row index (TR % 8 == 0, so rows tr + i TR share tr's low bits); 0: none
 const SWT: u32 = {{SWT}}u;  // the same for tokens (TT % 8 == 0)
+// The pair's activation of its gate (PAIR_ACT: silu, gelu, or gelu_f16 with its table, as gemv.wgsl's).
+fn pair_act(g: f32) -> f32 {
+    return {{PAIR_ACT}}(g);
+}
+
 const MAGIC: i32 = 0x4B400000;  // the bits of 1.5 * 2^23
 const MAGIC_F: f32 = 12582912.0;
 
@@ -266,7 +271,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (r < params.N && t != NO_TOKEN) {
                 var v = acc[i * RT + j];
                 if (PAIR) {
-                    v = select(silu(v), gelu(v), ACT_GELU) * acc[(i + RM / 2u) * RT + j];
+                    v = pair_act(v) * acc[(i + RM / 2u) * RT + j];
                 }
                 {{STORE}}(r, t, v);
             }

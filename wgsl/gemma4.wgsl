@@ -2,8 +2,8 @@
 // elementwise.wgsl (ceil(n / 256) groups, folded into y past the per-dimension limit).
 // gated_gelu_f16: y[i] = gelu_f16(g[i]) * u[(i / width) * stride + off + i % width]: the gated
 //   activation (width = stride = n, off = 0) and the per-layer-input gate (u one layer's slice of
-//   the per-layer inputs). gelu_f16 is llama.cpp CPU's table GELU, read from the CPU reference's
-//   table (numerics.gelu_f16_table) at the f16 bits of g, so both backends agree bit for bit.
+//   the per-layer inputs). gelu_f16 (gelu_f16.wgsl) is llama.cpp CPU's table GELU, read from the
+//   CPU reference's table (numerics.gelu_f16_table) at the f16 bits of g: bit for bit the CPU's.
 // mul: x[i] = (x[i] * scale) * w[i % width] in place (width 1: one value for every element).
 // add_scaled: y[i] = (a[i] + b[i]) * scale.
 
@@ -17,29 +17,19 @@ struct Params {
 
 const WG: u32 = 256u;
 
-// #include f16_bits
+// #include gelu_f16
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> g: array<f32>;
 @group(0) @binding(2) var<storage, read> u: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> table: array<f32>;
+@group(0) @binding(4) var<storage, read> gelu_table: array<f32>;
 // the in-place entry (mul): x, and w (a vector, or one value)
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
-}
-
-fn gelu_f16(v: f32) -> f32 {
-    if (v <= -10.0) {
-        return 0.0;
-    }
-    if (v >= 10.0) {
-        return v;
-    }
-    return table[f16_bits(v)];
 }
 
 @compute @workgroup_size(WG)

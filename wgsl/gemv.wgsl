@@ -20,9 +20,9 @@
 // Per row, `seg` picks the reader (uniform per team): DOT0 for plain rows;
 // PAIR (the fused gate||up of a gated FFN): slot 0 reads row r of `w` (gate,
 // DOT0), slot 1 row r of `w2` (up, DOT1, row_bytes2), and the row's output is
-// act(gate) * up; SPLIT (the fused q|k|v): `w` holds the matrices' rows one
-// after the other (segment s from byte off_s, rows of row_bytes_s, reader
-// DOT s), params.split1 / split2 send each row to its own output (y, y2, y3).
+// pair_act(gate) * up (gelu_f16: its table at binding 11, gelu_f16.wgsl);
+// SPLIT (the fused q|k|v): `w` holds the matrices' rows one after the other
+// (segment s from byte off_s, rows of row_bytes_s, reader DOT s), params.split1 / split2 send each row to its own output (y, y2, y3).
 // A Q4_K_M layer's Q4_K q, k and Q6_K v so run as one dispatch.
 // SG > 0: the adapter's subgroup size (dividing 32): partial sums are added
 // with subgroupAdd, and across subgroups through shared memory; SG = 0 uses
@@ -44,6 +44,7 @@
 
 {{W2}}
 {{SPLIT_DECL}}
+{{ACT_TABLE}}
 {{EXPERT}}
 
 const R: u32 = {{R}}u;        // weight rows per team
@@ -55,7 +56,6 @@ const PAIR: bool = {{PAIR}};
 const SPLIT: bool = {{SPLIT}};
 const SAME_X: bool = {{SAME_X}};  // every reader of this kernel takes one x family
 const ONE_TYPE: bool = {{ONE_TYPE}};  // and is one reader (DOT0 = DOT1 = DOT2)
-const ACT_GELU: bool = {{GELU}};
 const TEAM: u32 = 32u;
 const WG: u32 = 256u;
 const TEAMS: u32 = WG / TEAM;
@@ -68,6 +68,11 @@ var<workgroup> partial: array<f32, WG * RN>;
 // Stands in for subgroupAdd where the adapter has no subgroups (that branch never runs).
 fn no_subgroups(v: f32) -> f32 {
     return v;
+}
+
+// The pair's activation of its gate (PAIR_ACT: silu, gelu, or gelu_f16 with its table).
+fn pair_act(g: f32) -> f32 {
+    return {{PAIR_ACT}}(g);
 }
 
 // --- weight loads: slot 1 is the pair's second matrix
@@ -331,7 +336,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (PAIR) {
                 if (first < params.N) {
                     let g = tot[j * R];
-                    {{STORE}}(first, t, select(silu(g), gelu(g), ACT_GELU) * tot[j * R + R - 1u]);
+                    {{STORE}}(first, t, pair_act(g) * tot[j * R + R - 1u]);
                 }
             } else {
                 for (var i = 0u; i < R; i++) {

@@ -18,17 +18,10 @@ import numpy as np
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu.runtime import Dispatch, Kernels, storage
-from infr.numerics import gelu_f16_table
 from infr.ops import Mul, PerLayerInputs, PLEGate
 
-_tables: "weakref.WeakKeyDictionary[Kernels, object]" = weakref.WeakKeyDictionary()
-
-
 def _table(kernels: Kernels):
-    buf = _tables.get(kernels)
-    if buf is None:
-        buf = _tables[kernels] = storage(kernels.dev, gelu_f16_table(), label="gelu_f16_table")
-    return buf
+    return KM.gelu_table(kernels)  # one per device, shared with the GEMV's gate||up pair
 
 
 def _pack(n: int, width: int = 1, stride: int = 0, off: int = 0, scale: float = 1.0) -> bytes:

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from infr.errors import UnsupportedError
-from infr.numerics import Q8_ACTIVATIONS
+from infr.numerics import Q8_ACTIVATIONS, gelu_f16_table
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import tuning as TU
 from infr.gpu.device import Device
@@ -139,6 +139,41 @@ class GemvTuning:
         return min(1 << max(int(T) - 1, 0).bit_length(), self.NT)
 
 
+# The gate||up pair's activations: the WGSL function its epilogue applies to the gate. gelu_f16
+# (gemma4's table GELU, wgsl/gelu_f16.wgsl) also reads the table, bound at PAIR_TABLE_BINDING
+# (past every binding of the GEMV and int8 GEMM kernels, expert banks included).
+PAIR_ACTS = ("silu", "gelu", "gelu_f16")
+PAIR_TABLE_BINDING = 11
+
+_gelu_tables: "weakref.WeakKeyDictionary[Kernels, object]" = weakref.WeakKeyDictionary()
+
+
+def gelu_table(kernels: Kernels):
+    """The device's buffer of numerics.gelu_f16_table (256 KiB, made once): what every kernel
+    applying gelu_f16 binds, the pair's epilogue and kernels_gemma4's gated_gelu_f16 alike."""
+    buf = _gelu_tables.get(kernels)
+    if buf is None:
+        buf = _gelu_tables[kernels] = storage(kernels.dev, gelu_f16_table(), label="gelu_f16_table")
+    return buf
+
+
+def pair_act_consts(pair_act: str | None) -> dict:
+    """The PAIR_ACT / ACT_TABLE constants of a kernel with the gate||up pair epilogue."""
+    act = pair_act or "silu"  # unread without PAIR
+    if act not in PAIR_ACTS:
+        raise UnsupportedError(f"no fused gate||up kernel for the activation {act!r}")
+    table = (f"@group(0) @binding({PAIR_TABLE_BINDING}) var<storage, read> gelu_table: array<f32>;\n"
+             "// #include gelu_f16") if act == "gelu_f16" else ""
+    return dict(PAIR_ACT=act, ACT_TABLE=table)
+
+
+def pair_resources(kernels: Kernels, res: list, pair_act) -> list:
+    """A pair kernel's bindings `res`, with the gelu table at PAIR_TABLE_BINDING where its act reads it."""
+    if getattr(pair_act, "value", pair_act) != "gelu_f16":
+        return res
+    return list(res) + [None] * (PAIR_TABLE_BINDING - len(res)) + [gelu_table(kernels)]
+
+
 def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
                   expert: bool = False):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
@@ -155,8 +190,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
-        R=R, U=U, SG=t.SG, NT=nt, PAIR=str(pair).lower(), GELU=str(pair_act == "gelu").lower(),
-        SPLIT=str(split).lower(),
+        R=R, U=U, SG=t.SG, NT=nt, PAIR=str(pair).lower(), **pair_act_consts(pair_act), SPLIT=str(split).lower(),
         SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
         W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
@@ -431,7 +465,7 @@ def gate_up_dispatches(
         p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2),
                     label="gate_up.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)
-        bind = kernels.bind(pipe, [p, bg, x, y, none, none, bu])
+        bind = kernels.bind(pipe, pair_resources(kernels, [p, bg, x, y, none, none, bu], act))
         out.append(Dispatch(pipe, bind, groups, f"gemv_{name}_gate_up {N}x{K}", rows * (rb + rb2)))
     return out
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from infr.errors import UnsupportedError
 from infr.gpu import tuning as TU
 
 # The matrix shape and subgroup size this kernel is written for (f16 inputs, f32 results).
@@ -183,6 +184,8 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     """(the compiled kernel, output rows and tokens one workgroup covers), as kernels_mmq.mmq_pipeline.
     `phases` without "convert" or "products" leaves that part out (wrong results: for timing it)."""
     pair = pair_act is not None
+    if pair_act not in (None, "silu", "gelu"):  # no table GELU here (kernels_mmq.pairs_act)
+        raise UnsupportedError(f"no tensor-core gate||up kernel for the activation {pair_act!r}")
     phases = PHASES if phases is None else phases
     gen = generated(tile, pair)
     if "products" not in phases:

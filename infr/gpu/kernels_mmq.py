@@ -257,7 +257,7 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
         "QTYPE": KM.wgsl_name(qtype), "BN": t.BN, "BT": t.BT, "RM": t.RM, "RT": t.RT, "SUB": t.SUB,
         "PREFETCH": t.PREFETCH, "NB": 2 if t.PREFETCH else 1,
         "SWR": 7 if (t.BN // t.RM) % 8 == 0 else 0, "SWT": 7 if (t.BT // t.RT) % 8 == 0 else 0,
-        "PAIR": str(pair).lower(), "GELU": str(pair_act == "gelu").lower(),
+        "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
         "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
         "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
@@ -320,11 +320,19 @@ def can_pair(wg, wu, chunks_g, chunks_u) -> bool:
     )
 
 
+def pairs_act(kernels: Kernels, wg, chunks_g, T: int, act) -> bool:
+    """Whether the pair tile for this batch applies `act`: all of them do but gemma4's table GELU on
+    the tensor cores (kernels_mma: not checked word for word against gate, up and the table GELU apart)."""
+    if getattr(act, "value", act) != "gelu_f16":
+        return True
+    return not isinstance(_tile(kernels, wg.qtype, max(r for _, _, r in chunks_g), T, pair=True), KMA.MmaTile)
+
+
 def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act, T: int,
                        tile: MmqTile | None = None) -> list[Dispatch] | None:
     """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk pair, or
-    None where the pair cannot be fused (can_pair)."""
-    if not can_pair(wg, wu, chunks_g, chunks_u):
+    None where the pair cannot be fused (can_pair, pairs_act)."""
+    if not can_pair(wg, wu, chunks_g, chunks_u) or (tile is None and not pairs_act(kernels, wg, chunks_g, T, act)):
         return None
     K, N = int(wg.shape[-1]), int(wg.shape[0])
     q = Q(int(wg.qtype))
@@ -337,7 +345,7 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
         p = storage(kernels.dev, _params(q, K, rows, row0, N, T, False, False), label="mmq.gate_up.params",
                     uniform=True)
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
-        bind = kernels.bind(pipe, [p, bg, xq, y, none, none, bu])
+        bind = kernels.bind(pipe, KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu], act))
         out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)}_gate_up {N}x{K}", 2 * groups[1] * rows * rb))
     return out
 

@@ -183,7 +183,7 @@ def expert_pair(kernels: Kernels, qg, qu, K: int, N: int, chunks_g, chunks_u, xq
     out = []
     for (bg, e0, n), (bu, _, _) in zip(chunks_g, chunks_u):
         ep = _experts(kernels, e0, n, stride, stride2, 0, base2, x_div)
-        bind = kernels.bind(pipe, [p, bg, xq, y, none, none, bu, None, ep, ids])
+        bind = kernels.bind(pipe, KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu, None, ep, ids], act))
         out.append(Dispatch(pipe, bind, (-(-N // rows_wg), A, 1), f"gemv_{KM.wgsl_name(qg)}_expert_gate_up {N}x{K}",
                             N * (rb + rb2)))
     return out
@@ -255,7 +255,8 @@ def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
 
 
 def _table_act(m: MoESpec) -> bool:
-    """gemma4's table GELU: no fused gate||up kernel computes it (kernels_gemma4 runs it alone)."""
+    """gemma4's table GELU: not on the grouped path (gemma4's experts have output scales, which it
+    lacks; its pair with the table would bind 9 storage buffers). The GEMV's pair takes it (expert_pair)."""
     return m.activation is Activation.GELU_F16
 
 
@@ -324,8 +325,7 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
         return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add)
     qg, qu = up[0].qtype, up[-1].qtype
-    if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])) \
-            and not _table_act(m):
+    if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
         ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
                           A, ids, x_div, fused)
     else:

@@ -26,7 +26,7 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch
-from infr.models.spec import Activation, RopeSpec, RopeStyle
+from infr.models.spec import RopeSpec, RopeStyle
 from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, PerLayerInputs, PLEGate,
                       QueryTemp, RMSNorm, Rope, SigmoidGate, SigmoidMul, Softcap, StoreKV)
 from infr.plan import Plan
@@ -153,12 +153,12 @@ class Lowering:
 
     def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
         be = self.be
-        if act.act is Activation.GELU_F16:
-            return None  # the fused kernels compute their activation; the table GELU runs on its own
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
         if KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+            if not KMQ.pairs_act(self.k, tg, chunks_g, self.rows, act.act):
+                return None  # the tensor cores' pair has no table GELU: gate, up, then gated_gelu_f16
             y = self.target(act.dst, mg.src)
             pre, xq = self.q8_input(x, int(tg.shape[-1]))
             return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)

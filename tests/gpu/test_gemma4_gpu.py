@@ -139,7 +139,12 @@ def test_tiny_gemma4_follows_the_cpu_reference(gpu, files, preset, weights):
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     body = {d.label for d in g._graph(1, 1)[0].dispatches}
     # the post-norms with their residual adds and the layer_output_scale Mul: one rmsnorm_add each
-    assert "gated_gelu_f16" in body and "rmsnorm_add" in body and "add" not in body
+    assert "rmsnorm_add" in body and "add" not in body
+    # the table GELU: in the GEMV's gate||up pair where gate and up take it (Q8_0 of 64-value rows),
+    # else alone (F32); alone too as the E2B's per-layer-input gate (tests/gpu/test_gelu_pair.py)
+    paired = any(lb.startswith("gemv_q8_0_gate_up") for lb in body)
+    assert paired == (weights == "Q8_0")
+    assert ("gated_gelu_f16" in body) == (not paired or preset == "tiny-gemma4-e2b")
     assert ("add_scaled" in body) == (preset == "tiny-gemma4-e2b")  # the per-layer inputs
     routed = any(lb.startswith("moe_combine") for lb in body)
     assert routed == (preset == "tiny-gemma4-moe") and "expert_scale" not in body  # the scales: in the combine
