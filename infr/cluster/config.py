@@ -54,6 +54,7 @@ class ClusterConfig:
     # the Ray cluster and the HTTP side
     address: str | None = None  # an existing cluster (ray://, host:port or "auto"); None starts a local one
     local_cpus: int | None = None  # logical CPUs of a local cluster (default: enough for every replica)
+    local_gpus: int | None = None  # GPUs a local cluster advertises (default: app.local_gpus)
     object_store_mb: int = 200  # a local cluster's object store: requests and tokens are small
     replica_logs: bool = True  # the replicas' and the ingress's log lines on this console too
     host: str = "127.0.0.1"

@@ -167,6 +167,21 @@ def _default_index() -> int:
         return 0
 
 
+def gpu_adapters(flavor: str = "wgpu") -> list[int]:
+    """distinct_adapters' indices without creating a device (a cluster's driver counts GPUs, a
+    replica maps its Ray GPU id before its engine picks one): the adapters of the backend type of
+    the first listed (INFR_DEVICE's where it names one). [] where none is found."""
+    try:
+        adapters = list_adapters(flavor)
+    except NoAdapterError:
+        return []
+    if not adapters:
+        return []
+    first = _default_index()
+    kind = adapters[first if 0 <= first < len(adapters) else 0].info.get("backend_type")
+    return [i for i, a in enumerate(adapters) if a.info.get("backend_type") == kind]
+
+
 def distinct_adapters(flavor: str = "wgpu") -> list[int]:
     """Indices (list_adapters') of the distinct GPUs: the adapters of the default one's backend type
     (wgpu lists one GPU once per backend, Vulkan and GL)."""
