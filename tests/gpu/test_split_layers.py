@@ -147,3 +147,25 @@ def test_unsupported_combinations_are_refused(pair):
         make_split(one.gguf, one.plan, one.n_ctx, TWO, cpu_moe=1)
     with pytest.raises(UnsupportedError, match="row"):
         SplitOptions.read("row")
+
+
+@pytest.mark.parametrize("pair", ["smollm2-135m"], indirect=True)
+def test_kv_fraction_is_taken_once_by_parts_on_one_adapter(pair, monkeypatch):
+    """`--kv-size 0.5` over two devices of one adapter: the parts divide the half between them, so
+    their stores together take it once (each taking half of the adapter would take it twice)."""
+    from infr.kvpool import KVBudget
+
+    _, one, _ = pair
+    weights = sum(one.gguf.tensor(n).nbytes for n in one.plan.weights())
+    free = KVBudget.RESERVE + weights + (64 << 20)  # a fixed reading: lavapipe's (the RAM's) moves
+    monkeypatch.setattr(GPUBackend, "free_memory", lambda self: (free, "test memory"))
+    budget = KVBudget(0.5)
+    split = make_split(one.gguf, one.plan, 64, TWO, kv_blocks=budget, max_seqs=2, batch_tokens=64)
+    assert isinstance(split, SplitBackend) and len(split.stages) == 2
+    blocks = [s.n_blocks for s in split.stages]
+    assert max(blocks) - min(blocks) <= 1 and split.n_blocks == min(blocks)  # each holds the same tokens
+    taken = sum(s.n_blocks * s.block_size * s.plan.kv_bytes_per_token() for s in split.stages)
+    block = split.block_size * split.plan.kv_bytes_per_token()  # one block, every layer
+    assert taken <= 0.5 * (free - KVBudget.RESERVE)  # the fraction once
+    assert taken >= 0.5 * (free - KVBudget.RESERVE - weights) - 2 * block  # and all of it, once weights are in
+    assert "divided among its 2 parts there" in budget.note
