@@ -27,9 +27,8 @@ from infr.errors import InfrError, UnsupportedError
 from infr.gguf_file import GGUFFile
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_misc as KS
-from infr.gpu.backend import MAX_BATCH, GPUBackend, _bucket
+from infr.gpu.backend import MAX_BATCH, GPUBackend, _bucket, forward_chunks
 from infr.gpu.device import Device, distinct_adapters, get_devices
-from infr.gpu.graphs import MAX_LOGIT_ROWS
 from infr.kvpool import KVBudget
 from infr.ops import Attention
 from infr.plan import Plan, bind
@@ -162,17 +161,7 @@ class SplitBackend:
     # --- one sequence (tools and tests)
 
     def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.uint32)
-        if start + len(ids) > self.n_ctx:
-            raise InfrError(f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}")
-        if len(ids) and int(ids.max()) >= self.plan.spec.n_vocab:
-            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
-        n_logits = max(1, min(n_logits, len(ids)))
-        if n_logits > MAX_LOGIT_ROWS:
-            raise InfrError(f"at most {MAX_LOGIT_ROWS} logit rows per call on the GPU backend")
-        bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]  # as GPUBackend.forward chunks
-        if len(ids) - bounds[-2] < n_logits:
-            bounds[-2] = len(ids) - n_logits
+        ids, n_logits, bounds = forward_chunks(self, tokens, start, n_logits)
         for s in self.stages:
             s._identity_table()
             if s.recurrent:
