@@ -35,7 +35,9 @@ def build(cfg: ClusterConfig):
         sc = cfg.serve_config(entry)
         if cfg.autoscaling:
             handles[entry.id] = [deployment(f"engine-{mi}", sc, replicas=cfg.replicas,
-                                            max_replicas=cfg.max_replicas, **opts)]
+                                            max_replicas=cfg.max_replicas, upscale_delay_s=cfg.upscale_delay_s,
+                                            downscale_delay_s=cfg.downscale_delay_s, look_back_s=cfg.look_back_s,
+                                            **opts)]
         else:
             handles[entry.id] = [deployment(f"engine-{mi}-{i}", sc, **opts) for i in range(cfg.replicas)]
     ingress = serve.deployment(Ingress).options(

@@ -70,6 +70,10 @@ class ClusterConfig:
     probe_s: float = 1.0  # how often a failed replica is asked whether it is back
     drain_s: float = 20.0  # shutdown waits this long for requests in flight
     max_ongoing: int = 256  # requests a replica holds at once (its own scheduler queues beyond --parallel)
+    # autoscaling (--replicas MIN:MAX): Ray Serve's defaults; the tests shorten them
+    upscale_delay_s: float = 30.0  # load above the target this long adds replicas
+    downscale_delay_s: float = 600.0  # load below it this long removes them
+    look_back_s: float = 30.0  # the window the load is averaged over
 
     @property
     def autoscaling(self) -> bool:

@@ -79,6 +79,11 @@ class EngineReplica:
                 "n_ctx": model.n_ctx, "backend": model.backend_name, "device": _device_name(model.backend),
                 "infr_device": os.environ.get("INFR_DEVICE")}
 
+    def served(self) -> dict:
+        """This replica's process and the requests its engine took (an autoscaled group's replicas,
+        which the ingress does not address one by one, are told apart by it)."""
+        return {"pid": os.getpid(), "requests": sum(self.service.metrics.requests.values())}
+
     def metrics(self) -> str:
         svc = self.service
         return svc.metrics.render(svc.model.engine)
@@ -137,7 +142,8 @@ class EngineReplica:
 
 
 def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoing: int, drain_s: float,
-                       replicas: int = 1, max_replicas: int | None = None) -> dict:
+                       replicas: int = 1, max_replicas: int | None = None, upscale_delay_s: float = 30.0,
+                       downscale_delay_s: float = 600.0, look_back_s: float = 30.0) -> dict:
     """Serve options of one replica slot (or, with max_replicas, of an autoscaled group). Ray waits
     up to drain_s for a replica's requests in flight before it stops it (the shutdown drain)."""
     opts: dict = {"name": name, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
@@ -147,7 +153,8 @@ def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoi
         opts["num_replicas"] = replicas
     else:
         opts["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
-                                      "target_ongoing_requests": 2}
+                                      "target_ongoing_requests": 2, "upscale_delay_s": upscale_delay_s,
+                                      "downscale_delay_s": downscale_delay_s, "look_back_period_s": look_back_s}
     return opts
 
 

@@ -124,6 +124,12 @@ def test_deployment_options():
     auto = deployment_options("engine-0", num_cpus=1, num_gpus=0, max_ongoing=64, drain_s=9, replicas=0,
                               max_replicas=3)
     assert auto["autoscaling_config"]["min_replicas"] == 0 and auto["autoscaling_config"]["max_replicas"] == 3
+    assert (auto["autoscaling_config"]["upscale_delay_s"], auto["autoscaling_config"]["look_back_period_s"]) == \
+        (30.0, 30.0)  # Ray Serve's defaults unless the config shortens them
+    quick = deployment_options("engine-0", num_cpus=1, num_gpus=0, max_ongoing=64, drain_s=9, replicas=1,
+                               max_replicas=2, upscale_delay_s=1, downscale_delay_s=5, look_back_s=2)
+    scaling = quick["autoscaling_config"]
+    assert (scaling["upscale_delay_s"], scaling["downscale_delay_s"], scaling["look_back_period_s"]) == (1, 5, 2)
     assert "num_replicas" not in auto
     assert ClusterConfig(models=[ModelEntry("m", "m")]).serve_config(ModelEntry("m", "m")).strict_model is False
 
