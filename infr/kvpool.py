@@ -47,6 +47,13 @@ class KVBudget:
         self.fraction = fraction
         self.note = ""  # how it was sized, once blocks() ran: for the start-up report
 
+    def free_memory(self, backend) -> tuple[int, str] | None:
+        """(free bytes, where) the fraction is taken of (a layer split's parts on one adapter share one reading)."""
+        return backend.free_memory()
+
+    def describe(self, free: tuple[int, str]) -> str:
+        return f"{self.fraction:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]}"
+
     def blocks(self, backend, block_size: int, min_blocks: int = 1, max_blocks: int | None = None,
                per_token: int | None = None, reserved: int = 0) -> int:
         """Blocks of `block_size` tokens in the fraction of the free memory (less RESERVE), at most
@@ -54,14 +61,14 @@ class KVBudget:
         an error, not a larger store than asked for. `per_token`: bytes a token of a block takes
         (default backend.kv_bytes_per_token, every layer); `reserved`: bytes of the fraction
         already spoken for (the sliding-window layers' store, sized by what it must hold)."""
-        free = backend.free_memory()
+        free = self.free_memory(backend)
         if free is None:
             raise InfrError(f"--kv-size as a fraction needs the free memory of the {backend.name} backend's device, "
                             "which it cannot query here; give the KV cache size in tokens")
         per_token = per_token or backend.kv_bytes_per_token
         n = int(self.fraction * max(0, free[0] - self.RESERVE) - reserved) // (per_token * block_size)
         n = max(n, 0)
-        self.note = f"{self.fraction:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]}"
+        self.note = self.describe(free)
         if max_blocks is not None and n > max_blocks:
             n = max_blocks
             self.note += ", capped by the device's largest buffer binding"

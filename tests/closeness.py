@@ -28,6 +28,17 @@ NEAR_TIE = 0.5  # logits: a top-1 / top-2 margin below which rounding noise may 
 GREEDY_TIE = 0.05  # logits (scale ~6 in the tiny synthetic models): a GPU greedy token may differ from the reference's below this
 
 
+def greedy_tokens(backend, prompt, n: int) -> list[int]:
+    """n greedy tokens after prompt through backend.forward(), one row a step from the host (what
+    the GPU tests compare between backends and devices)."""
+    token = int(np.argmax(backend.forward(prompt, 0)[-1]))
+    out = [token]
+    for i in range(n - 1):
+        token = int(np.argmax(backend.forward([token], len(prompt) + i)[-1]))
+        out.append(token)
+    return out
+
+
 def assert_follows_greedy(cpu_be, prompt, got, start: int | None = None) -> None:
     """The reference follows the GPU's greedy tokens `got` after `prompt` (tokens at positions
     len(prompt) ..): each is the reference's argmax, or within GREEDY_TIE of it (f32 sums in

@@ -10,11 +10,13 @@ one autoscaled deployment instead, routed by Ray (no prefix affinity: its replic
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 
 from infr.cluster.config import ClusterConfig
+from infr.errors import InfrError
 
 log = logging.getLogger("infr.cluster")
 
@@ -33,7 +35,9 @@ def build(cfg: ClusterConfig):
         sc = cfg.serve_config(entry)
         if cfg.autoscaling:
             handles[entry.id] = [deployment(f"engine-{mi}", sc, replicas=cfg.replicas,
-                                            max_replicas=cfg.max_replicas, **opts)]
+                                            max_replicas=cfg.max_replicas, upscale_delay_s=cfg.upscale_delay_s,
+                                            downscale_delay_s=cfg.downscale_delay_s, look_back_s=cfg.look_back_s,
+                                            **opts)]
         else:
             handles[entry.id] = [deployment(f"engine-{mi}-{i}", sc, **opts) for i in range(cfg.replicas)]
     ingress = serve.deployment(Ingress).options(
@@ -51,8 +55,34 @@ def connect(cfg: ClusterConfig) -> None:
         return
     per = max(cfg.replicas, cfg.max_replicas or 0) * len(cfg.models)
     cpus = cfg.local_cpus or max(os.cpu_count() or 1, int(per * cfg.num_cpus + 0.999))
+    gpus = local_gpus(cfg, per)
     ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=cfg.object_store_mb * 2**20,
-             log_to_driver=cfg.replica_logs)
+             log_to_driver=cfg.replica_logs, **({"num_gpus": gpus} if gpus is not None else {}))
+
+
+def local_gpus(cfg: ClusterConfig, replicas: int) -> int | None:
+    """GPUs a local Ray cluster advertises when its replicas ask for some (None: Ray's own count).
+    Ray counts CUDA GPUs only, so a replica asking for one would wait forever on a host whose GPU
+    Ray does not see (an AMD card, lavapipe): the cluster advertises what the replicas ask for at
+    most (replicas x --num-gpus, rounded up), and the WebGPU adapters found where they are more.
+    More asked for than found: replicas share adapters (replica.adapter_for), with a warning."""
+    if cfg.num_gpus <= 0:
+        return None
+    if cfg.local_gpus is not None:
+        return cfg.local_gpus
+    need = math.ceil(replicas * cfg.num_gpus - 1e-9)
+    if cfg.backend == "cpu":
+        return need
+    from infr.gpu.device import gpu_adapters
+
+    found = len(gpu_adapters("dawn" if cfg.backend == "dawn" else "wgpu"))
+    if not found and cfg.backend in ("gpu", "dawn"):
+        raise InfrError(f"--num-gpus {cfg.num_gpus:g} --backend {cfg.backend}: no WebGPU adapter found "
+                        "(install a Vulkan driver, e.g. mesa-vulkan-drivers; `infr devices` lists them)")
+    if 0 < found < need:
+        log.warning("%d replica(s) x %g GPU need %d GPUs; %d adapter(s) found: replicas share adapters",
+                    replicas, cfg.num_gpus, need, found)
+    return max(need, found)
 
 
 def start(cfg: ClusterConfig) -> None:

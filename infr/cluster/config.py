@@ -54,6 +54,7 @@ class ClusterConfig:
     # the Ray cluster and the HTTP side
     address: str | None = None  # an existing cluster (ray://, host:port or "auto"); None starts a local one
     local_cpus: int | None = None  # logical CPUs of a local cluster (default: enough for every replica)
+    local_gpus: int | None = None  # GPUs a local cluster advertises (default: app.local_gpus)
     object_store_mb: int = 200  # a local cluster's object store: requests and tokens are small
     replica_logs: bool = True  # the replicas' and the ingress's log lines on this console too
     host: str = "127.0.0.1"
@@ -69,6 +70,10 @@ class ClusterConfig:
     probe_s: float = 1.0  # how often a failed replica is asked whether it is back
     drain_s: float = 20.0  # shutdown waits this long for requests in flight
     max_ongoing: int = 256  # requests a replica holds at once (its own scheduler queues beyond --parallel)
+    # autoscaling (--replicas MIN:MAX): Ray Serve's defaults; the tests shorten them
+    upscale_delay_s: float = 30.0  # load above the target this long adds replicas
+    downscale_delay_s: float = 600.0  # load below it this long removes them
+    look_back_s: float = 30.0  # the window the load is averaged over
 
     @property
     def autoscaling(self) -> bool:

@@ -40,6 +40,7 @@ class Served:
         self.created = int(time.time())
         self.requests = 0
         self.failures = 0
+        self.backend: str | None = None  # the engines' backend (gpu, cpu, dawn), from slot 0 at start
 
 
 @serve.ingress()  # late-bound (Ray >= 2.56): the app is built once __init__ has the replicas' handles
@@ -64,6 +65,8 @@ class Ingress:
                                     cfg.affinity_slack)
                 keys = await loop.run_in_executor(None, PromptKeys, entry.ref)
             model = Served(entry, handles, replicas, keys)
+            if not cfg.autoscaling:  # as `infr serve`'s /v1/models says it (an autoscaled group may have no replica)
+                model.backend = info["backend"]
             self.models[entry.id] = model
             self.names.setdefault(entry.id, model)
             self.names.setdefault(entry.ref, model)
@@ -196,7 +199,8 @@ class Ingress:
 
     def model_card(self, model: Served) -> dict:
         return {"id": model.entry.id, "object": "model", "created": model.created, "owned_by": "infr",
-                "meta": {"replicas": model.replicas.n, "live": sum(model.replicas.live)}}
+                "meta": {"replicas": model.replicas.n, "live": sum(model.replicas.live),
+                         **({"backend": model.backend} if model.backend else {})}}
 
     async def metrics(self) -> str:
         async def one(model: Served, slot: int):

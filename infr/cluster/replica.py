@@ -18,16 +18,40 @@ from infr.serve.service import Config as ServeConfig
 log = logging.getLogger("infr.cluster")
 
 
-def pick_gpu() -> None:
-    """The wgpu adapter of the GPU Ray gave this replica. Ray hides the others from CUDA only
-    (CUDA_VISIBLE_DEVICES); Vulkan still lists every GPU, so the engine is pointed at its own with
-    INFR_DEVICE, taking Ray's GPU id as the adapter number (infr/gpu/device.py lists discrete GPUs
-    first, in the driver's order). An INFR_DEVICE already set wins."""
+def adapter_for(gpu_id: int, adapters: list[int]) -> tuple[int, str | None]:
+    """The wgpu adapter (list_adapters' index) of Ray GPU id `gpu_id`: the id-th distinct GPU
+    (infr/gpu/device.py lists discrete GPUs first, in the driver's order). An id past them (a
+    local cluster advertises as many GPUs as its replicas ask for, so several replicas may share
+    one adapter, e.g. lavapipe's) wraps around onto adapter id mod their count, with a note."""
+    k = gpu_id % len(adapters)
+    note = None if k == gpu_id else (f"Ray GPU id {gpu_id} has no adapter of its own ({len(adapters)} found): "
+                                     f"sharing adapter {adapters[k]}")
+    return adapters[k], note
+
+
+def pick_gpu(backend: str) -> str | None:
+    """Point the engine at the GPU Ray gave this replica: Ray hides the others from CUDA only
+    (CUDA_VISIBLE_DEVICES); Vulkan still lists every GPU, so INFR_DEVICE names its adapter
+    (adapter_for). An INFR_DEVICE already set wins; a CPU engine, or a replica without a GPU, is
+    left alone. Returns a note where the replica shares its adapter."""
     import ray
 
     ids = ray.get_gpu_ids()
-    if ids and not os.environ.get("INFR_DEVICE"):
-        os.environ["INFR_DEVICE"] = str(int(ids[0]))
+    if not ids or os.environ.get("INFR_DEVICE") or backend == "cpu":
+        return None
+    from infr.gpu.device import gpu_adapters
+
+    adapters = gpu_adapters("dawn" if backend == "dawn" else "wgpu")
+    if not adapters:  # the engine's own load says there is no adapter
+        return None
+    index, note = adapter_for(int(ids[0]), adapters)
+    os.environ["INFR_DEVICE"] = str(index)
+    return note
+
+
+def _device_name(backend) -> str | None:
+    dev = getattr(backend, "dev", None)  # a GPU backend's (the last device of a split); the CPU has none
+    return dev.name if dev is not None else None
 
 
 class EngineReplica:
@@ -39,7 +63,9 @@ class EngineReplica:
         from infr.serve.service import Service
 
         logging.basicConfig(level=logging.INFO, format="infr: %(message)s")
-        pick_gpu()
+        note = pick_gpu(config.backend)
+        if note:
+            log.warning("%s", note)
         self.service = Service(config)
         self.service.load()  # blocking: the replica counts as started once its model is in
         self.service.start_workers()
@@ -50,7 +76,13 @@ class EngineReplica:
         and the process, for logs and for the fault tests."""
         model = self.service.model
         return {"block_size": model.pool.block_size, "pid": os.getpid(), "model": self.service.model_id,
-                "n_ctx": model.n_ctx, "backend": model.backend_name}
+                "n_ctx": model.n_ctx, "backend": model.backend_name, "device": _device_name(model.backend),
+                "infr_device": os.environ.get("INFR_DEVICE")}
+
+    def served(self) -> dict:
+        """This replica's process and the requests its engine took (an autoscaled group's replicas,
+        which the ingress does not address one by one, are told apart by it)."""
+        return {"pid": os.getpid(), "requests": sum(self.service.metrics.requests.values())}
 
     def metrics(self) -> str:
         svc = self.service
@@ -110,7 +142,8 @@ class EngineReplica:
 
 
 def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoing: int, drain_s: float,
-                       replicas: int = 1, max_replicas: int | None = None) -> dict:
+                       replicas: int = 1, max_replicas: int | None = None, upscale_delay_s: float = 30.0,
+                       downscale_delay_s: float = 600.0, look_back_s: float = 30.0) -> dict:
     """Serve options of one replica slot (or, with max_replicas, of an autoscaled group). Ray waits
     up to drain_s for a replica's requests in flight before it stops it (the shutdown drain)."""
     opts: dict = {"name": name, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
@@ -120,7 +153,8 @@ def deployment_options(name: str, *, num_cpus: float, num_gpus: float, max_ongoi
         opts["num_replicas"] = replicas
     else:
         opts["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
-                                      "target_ongoing_requests": 2}
+                                      "target_ongoing_requests": 2, "upscale_delay_s": upscale_delay_s,
+                                      "downscale_delay_s": downscale_delay_s, "look_back_period_s": look_back_s}
     return opts
 
 

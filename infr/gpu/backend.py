@@ -54,6 +54,24 @@ TOKENS_PER_SUBMIT = 8
 MAX_SEQS = 64  # sequence slots of the block table (run_rows)
 
 
+def forward_chunks(backend, tokens, start: int, n_logits: int) -> tuple[np.ndarray, int, list[int]]:
+    """forward()'s checks and chunking, one device or a split (infr/gpu/split.py): the ids, the
+    logit rows (1 .. MAX_LOGIT_ROWS) and the chunks' bounds, MAX_BATCH rows each, the last one
+    holding every logit row."""
+    ids = np.asarray(tokens, dtype=np.uint32)
+    if start + len(ids) > backend.n_ctx:
+        raise InfrError(f"context full: {start + len(ids)} tokens do not fit in a context of {backend.n_ctx}")
+    if len(ids) and int(ids.max()) >= backend.plan.spec.n_vocab:
+        raise InfrError(f"token id out of range 0..{backend.plan.spec.n_vocab - 1}")
+    n_logits = max(1, min(n_logits, len(ids)))
+    if n_logits > MAX_LOGIT_ROWS:
+        raise InfrError(f"at most {MAX_LOGIT_ROWS} logit rows per call on the GPU backend")
+    bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]
+    if len(ids) - bounds[-2] < n_logits:
+        bounds[-2] = len(ids) - n_logits
+    return ids, n_logits, bounds
+
+
 class GPUBackend(Graphs):
     name = "gpu"
 
@@ -160,20 +178,9 @@ class GPUBackend(Graphs):
     # --- execution
 
     def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.uint32)
-        if start + len(ids) > self.n_ctx:
-            raise InfrError(f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}")
-        if len(ids) and int(ids.max()) >= self.plan.spec.n_vocab:
-            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
-        n_logits = max(1, min(n_logits, len(ids)))
-        if n_logits > MAX_LOGIT_ROWS:
-            raise InfrError(f"at most {MAX_LOGIT_ROWS} logit rows per call on the GPU backend")
+        ids, n_logits, bounds = forward_chunks(self, tokens, start, n_logits)
         out = []
         pos = start
-        # Chunks of MAX_BATCH; the last chunk carries the logit rows (it must hold all of them).
-        bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]
-        if len(ids) - bounds[-2] < n_logits:
-            bounds[-2] = len(ids) - n_logits
         self._identity_table()
         if self.recurrent:
             self.recurrent.check_rows(np.arange(start, start + len(ids)), np.zeros(len(ids), np.int64))

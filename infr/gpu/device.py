@@ -55,6 +55,7 @@ class Device:
     limits: dict
     api: object = None  # the wgpu-py API module: wgpu, or wgpudawn for the Dawn tier
     flavor: str = "wgpu"
+    index: int = 0  # the adapter's (list_adapters'): devices of one adapter share its memory
 
     def __post_init__(self):
         if self.api is None:
@@ -157,7 +158,8 @@ def get_device(index: int | None = None, flavor: str = "wgpu", instance: int = 0
     ours = [f for f, theirs in names.items() if theirs in adapter.features]
     limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
     device = adapter.request_device_sync(required_features=[names[f] for f in ours], required_limits=limits)
-    return Device(device, adapter, dict(adapter.info), frozenset(ours), limits, api_module(flavor), flavor)
+    return Device(device, adapter, dict(adapter.info), frozenset(ours), limits, api_module(flavor), flavor,
+                  index or 0)
 
 
 def _default_index() -> int:
@@ -165,6 +167,21 @@ def _default_index() -> int:
         return int(os.environ.get("INFR_DEVICE") or 0)
     except ValueError:
         return 0
+
+
+def gpu_adapters(flavor: str = "wgpu") -> list[int]:
+    """distinct_adapters' indices without creating a device (a cluster's driver counts GPUs, a
+    replica maps its Ray GPU id before its engine picks one): the adapters of the backend type of
+    the first listed (INFR_DEVICE's where it names one). [] where none is found."""
+    try:
+        adapters = list_adapters(flavor)
+    except NoAdapterError:
+        return []
+    if not adapters:
+        return []
+    first = _default_index()
+    kind = adapters[first if 0 <= first < len(adapters) else 0].info.get("backend_type")
+    return [i for i, a in enumerate(adapters) if a.info.get("backend_type") == kind]
 
 
 def distinct_adapters(flavor: str = "wgpu") -> list[int]:

@@ -27,9 +27,9 @@ from infr.errors import InfrError, UnsupportedError
 from infr.gguf_file import GGUFFile
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_misc as KS
-from infr.gpu.backend import MAX_BATCH, GPUBackend, _bucket
+from infr.gpu.backend import MAX_BATCH, GPUBackend, _bucket, forward_chunks
 from infr.gpu.device import Device, distinct_adapters, get_devices
-from infr.gpu.graphs import MAX_LOGIT_ROWS
+from infr.kvpool import KVBudget
 from infr.ops import Attention
 from infr.plan import Plan, bind
 from infr.sampling import SamplingParams
@@ -79,11 +79,15 @@ class SplitBackend:
             built[i] = GPUBackend(gf, plans[i], n_ctx, dev=parts[i][0], progress=progress, kv_blocks=blocks,
                                   block_size=block_size, max_seqs=max_seqs, batch_tokens=batch_tokens)
 
-        # The parts with KV layers size their stores (each from its device's memory, for a KVBudget); the
-        # engine's block ids run up to the smallest, which a part without KV layers must accept too.
+        # The parts with KV layers size their stores (a KVBudget: from their adapter's memory, shared with the
+        # other parts on it); the engine's block ids run up to the smallest, which a part without KV layers
+        # must accept too.
         with_kv = [i for i, pl in enumerate(plans) if pl.kv] or list(range(len(plans)))
+        budgets = _shared_budgets(kv_blocks, gf, plans, [d for d, _ in parts], with_kv)
         for i in with_kv:
-            build(i, kv_blocks)
+            build(i, budgets[i])
+        if budgets and isinstance(kv_blocks, KVBudget):  # the start-up report's line
+            kv_blocks.note = budgets[with_kv[0]].note
         self.n_blocks = min(built[i].n_blocks for i in with_kv)
         self.n_window_blocks = min(built[i].n_window_blocks for i in with_kv)
         for i in range(len(plans)):
@@ -157,17 +161,7 @@ class SplitBackend:
     # --- one sequence (tools and tests)
 
     def forward(self, tokens, start: int, n_logits: int = 1) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.uint32)
-        if start + len(ids) > self.n_ctx:
-            raise InfrError(f"context full: {start + len(ids)} tokens do not fit in a context of {self.n_ctx}")
-        if len(ids) and int(ids.max()) >= self.plan.spec.n_vocab:
-            raise InfrError(f"token id out of range 0..{self.plan.spec.n_vocab - 1}")
-        n_logits = max(1, min(n_logits, len(ids)))
-        if n_logits > MAX_LOGIT_ROWS:
-            raise InfrError(f"at most {MAX_LOGIT_ROWS} logit rows per call on the GPU backend")
-        bounds = list(range(0, len(ids), MAX_BATCH)) + [len(ids)]  # as GPUBackend.forward chunks
-        if len(ids) - bounds[-2] < n_logits:
-            bounds[-2] = len(ids) - n_logits
+        ids, n_logits, bounds = forward_chunks(self, tokens, start, n_logits)
         for s in self.stages:
             s._identity_table()
             if s.recurrent:
@@ -245,6 +239,51 @@ class SplitBackend:
         for s, part in zip(self.stages, snap):
             if part is not None:
                 s.load_state(slot, part, pos)
+
+
+class _SharedBudget(KVBudget):
+    """One part's `--kv-size` fraction where several parts of a split live on one adapter (devices of
+    one GPU). Each sizing its store from the adapter's free memory would take the fraction once per
+    part, more than asked for. Instead the free memory is read once, when the first of them sizes its
+    store (less the weights of the others, not loaded yet), and each part takes the fraction in
+    proportion to its share of the group's KV bytes per token: together they take it once, and each
+    holds about the same number of blocks (the engine uses the least)."""
+
+    def __init__(self, fraction: float, share: float, group: dict, others_weights: int, parts: int):
+        super().__init__(fraction * share)
+        self.whole, self.group, self.others_weights, self.parts = fraction, group, others_weights, parts
+
+    def free_memory(self, backend) -> tuple[int, str] | None:
+        if "free" not in self.group:
+            free = backend.free_memory()
+            self.group["free"] = None if free is None else (max(0, free[0] - self.others_weights), free[1])
+        return self.group["free"]
+
+    def describe(self, free: tuple[int, str]) -> str:
+        if self.parts == 1:
+            return super().describe(free)
+        return (f"{self.whole:.0%} of {free[0] / 2**30:.1f} GiB free {free[1]} once the split's weights are in, "
+                f"divided among its {self.parts} parts there")
+
+
+def _shared_budgets(kv_blocks, gf: GGUFFile, plans: list[Plan], devs: list[Device], with_kv: list[int]) -> dict:
+    """Each KV part's kv_blocks: as given (a number of blocks, or None), or for a KVBudget a
+    _SharedBudget over the parts on the same adapter."""
+    if not isinstance(kv_blocks, KVBudget):
+        return {i: kv_blocks for i in with_kv}
+    adapter = [(d.flavor, d.index) for d in devs]
+    out = {}
+    for key in dict.fromkeys(adapter[i] for i in with_kv):
+        group = [i for i in with_kv if adapter[i] == key]
+        per_token = {i: plans[i].kv_bytes_per_token() for i in group}
+        total = sum(per_token.values())
+        weights = {i: sum(gf.tensor(n).nbytes for n in plans[i].weights()) for i in range(len(plans))
+                   if adapter[i] == key}  # parts without KV layers load theirs later too
+        state: dict = {}
+        for i in group:
+            out[i] = _SharedBudget(kv_blocks.fraction, per_token[i] / total if total else 1 / len(group), state,
+                                   sum(w for j, w in weights.items() if j != i), len(group))
+    return out
 
 
 def _check_placement(plan: Plan, parts) -> None:

@@ -9,7 +9,8 @@ from infr import cli
 from infr.cluster.cli import config_from_args
 from infr.cluster.config import ClusterConfig, ModelEntry, parse_model, parse_replicas
 from infr.cluster.metrics import merge
-from infr.cluster.replica import deployment_options
+from infr.cluster.app import local_gpus
+from infr.cluster.replica import adapter_for, deployment_options
 from infr.cluster.routing import PromptKeys, Replicas, block_hashes
 from infr.errors import InfrError
 
@@ -123,5 +124,42 @@ def test_deployment_options():
     auto = deployment_options("engine-0", num_cpus=1, num_gpus=0, max_ongoing=64, drain_s=9, replicas=0,
                               max_replicas=3)
     assert auto["autoscaling_config"]["min_replicas"] == 0 and auto["autoscaling_config"]["max_replicas"] == 3
+    assert (auto["autoscaling_config"]["upscale_delay_s"], auto["autoscaling_config"]["look_back_period_s"]) == \
+        (30.0, 30.0)  # Ray Serve's defaults unless the config shortens them
+    quick = deployment_options("engine-0", num_cpus=1, num_gpus=0, max_ongoing=64, drain_s=9, replicas=1,
+                               max_replicas=2, upscale_delay_s=1, downscale_delay_s=5, look_back_s=2)
+    scaling = quick["autoscaling_config"]
+    assert (scaling["upscale_delay_s"], scaling["downscale_delay_s"], scaling["look_back_period_s"]) == (1, 5, 2)
     assert "num_replicas" not in auto
     assert ClusterConfig(models=[ModelEntry("m", "m")]).serve_config(ModelEntry("m", "m")).strict_model is False
+
+
+def test_ray_gpu_ids_map_to_adapters():
+    assert adapter_for(0, [0, 2]) == (0, None) and adapter_for(1, [0, 2]) == (2, None)
+    index, note = adapter_for(1, [0])  # one adapter (lavapipe), two replicas: the second shares it
+    assert index == 0 and "Ray GPU id 1 has no adapter of its own (1 found): sharing adapter 0" == note
+    assert adapter_for(3, [0, 2])[0] == 2
+
+
+def test_local_cluster_advertises_the_gpus_replicas_ask_for(monkeypatch, capsys):
+    from infr.gpu import device
+
+    monkeypatch.setattr(device, "gpu_adapters", lambda flavor="wgpu": [0])
+    cfg = ClusterConfig(models=[ModelEntry("m", "m")], replicas=2, num_gpus=1, backend="gpu")
+    assert local_gpus(cfg, 2) == 2  # more than Ray's CUDA count (0 here): both replicas get placed
+    cfg.num_gpus = 0.5
+    assert local_gpus(cfg, 3) == 2
+    cfg.num_gpus = 0
+    assert local_gpus(cfg, 2) is None  # no GPU asked for: Ray's own count
+    cfg.num_gpus, cfg.local_gpus = 1, 7
+    assert local_gpus(cfg, 2) == 7
+    monkeypatch.setattr(device, "gpu_adapters", lambda flavor="wgpu": [0, 1, 2, 3])
+    cfg.local_gpus = None
+    assert local_gpus(cfg, 2) == 4  # every adapter found, for replicas Ray adds later
+    monkeypatch.setattr(device, "gpu_adapters", lambda flavor="wgpu": [])
+    with pytest.raises(InfrError, match="no WebGPU adapter found"):
+        local_gpus(cfg, 2)
+    assert local_gpus(ClusterConfig(models=cfg.models, num_gpus=1, backend="cpu"), 2) == 2
+    # before Ray starts: a one-line error, exit 1
+    assert cli.main(["cluster", "m", "--num-gpus", "1", "--backend", "gpu"]) == 1
+    assert capsys.readouterr().err.startswith("infr: error: --num-gpus 1 --backend gpu: no WebGPU adapter found")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from closeness import assert_logits_close, assert_same_top1, rounds_activations
+from closeness import assert_logits_close, assert_same_top1, greedy_tokens, rounds_activations
 
 from infr.cpu.backend import CPUBackend
 from infr.gguf_file import open_gguf
@@ -38,28 +38,19 @@ def pair(request, gpu):
     return name, GPUBackend(gf, plan, n_ctx, dev=gpu), CPUBackend(gf, plan, n_ctx)
 
 
-def _greedy(backend, prompt: list[int], n: int) -> list[int]:
-    token = int(np.argmax(backend.forward(prompt, 0)[-1]))
-    out = [token]
-    for i in range(n - 1):
-        token = int(np.argmax(backend.forward([token], len(prompt) + i)[-1]))
-        out.append(token)
-    return out
-
-
 def test_greedy_tokens_equal_cpu_reference(pair):
     name, gpu_be, cpu_be = pair
     prompts = _prompts(name)
     if name == "gemma3-270m":
         assert len(prompts[1]) > max(512, MAX_BATCH)  # past the window, and prefilled in several chunks
     for prompt in prompts:
-        assert _greedy(gpu_be, prompt, N_TOKENS) == _greedy(cpu_be, prompt, N_TOKENS), (name, len(prompt))
+        assert greedy_tokens(gpu_be, prompt, N_TOKENS) == greedy_tokens(cpu_be, prompt, N_TOKENS), (name, len(prompt))
 
 
 def test_gpu_resident_greedy_equals_host_loop(pair):
     name, gpu_be, _ = pair
     prompt = _prompts(name)[0]
-    expected = _greedy(gpu_be, prompt, 12)
+    expected = greedy_tokens(gpu_be, prompt, 12)
     first = int(np.argmax(gpu_be.forward(prompt, 0)[-1]))
     assert [first] + gpu_be.decode_greedy(first, len(prompt), 11, per_submit=4) == expected
 

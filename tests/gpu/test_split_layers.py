@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from closeness import greedy_tokens
 
 from infr.errors import UnsupportedError
 from infr.gpu.backend import GPUBackend
@@ -49,17 +49,8 @@ _REFERENCE: dict = {}  # (model, prompt) -> one device's greedy tokens, computed
 def _reference(name: str, one, prompt: list[int]) -> list[int]:
     key = (name, tuple(prompt))
     if key not in _REFERENCE:
-        _REFERENCE[key] = _greedy(one, prompt, N_NEW)
+        _REFERENCE[key] = greedy_tokens(one, prompt, N_NEW)
     return _REFERENCE[key]
-
-
-def _greedy(backend, prompt: list[int], n: int) -> list[int]:
-    token = int(np.argmax(backend.forward(prompt, 0)[-1]))
-    out = [token]
-    for i in range(n - 1):
-        token = int(np.argmax(backend.forward([token], len(prompt) + i)[-1]))
-        out.append(token)
-    return out
 
 
 def _layers_of(backend: GPUBackend) -> set[int]:
@@ -112,7 +103,7 @@ def test_engine_steps_two_sequences_equal_one_device(pair):
 def test_greedy_tokens_equal_one_device(pair):
     name, one, two = pair
     prompt = _prompts(name)[0]
-    assert _greedy(two.backend, prompt, N_NEW) == _reference(name, one.backend, prompt), name
+    assert greedy_tokens(two.backend, prompt, N_NEW) == _reference(name, one.backend, prompt), name
 
 
 @pytest.mark.parametrize("preset, props", [
@@ -133,7 +124,7 @@ def test_tiny_families_split_equal_one_device(gpu, tmp_path, preset, props):
     assert isinstance(split, SplitBackend) and len(split.stages) == len(props)
     assert split.stages[-1].plan.inputs == tuple((n, plan.widths[n]) for n in plan.carried)
     prompt = [1, 5, 9, 13, 7]
-    assert _greedy(split, prompt, 5) == _greedy(GPUBackend(gf, plan, 32, dev=gpu), prompt, 5)
+    assert greedy_tokens(split, prompt, 5) == greedy_tokens(GPUBackend(gf, plan, 32, dev=gpu), prompt, 5)
     if preset == "tiny-gemma4-e2b":
         assert plan.carried == ("x", "ple")
         with pytest.raises(UnsupportedError, match="KV cache it reads"):  # layers 4, 5 read layer 1's
@@ -147,3 +138,25 @@ def test_unsupported_combinations_are_refused(pair):
         make_split(one.gguf, one.plan, one.n_ctx, TWO, cpu_moe=1)
     with pytest.raises(UnsupportedError, match="row"):
         SplitOptions.read("row")
+
+
+@pytest.mark.parametrize("pair", ["smollm2-135m"], indirect=True)
+def test_kv_fraction_is_taken_once_by_parts_on_one_adapter(pair, monkeypatch):
+    """`--kv-size 0.5` over two devices of one adapter: the parts divide the half between them, so
+    their stores together take it once (each taking half of the adapter would take it twice)."""
+    from infr.kvpool import KVBudget
+
+    _, one, _ = pair
+    weights = sum(one.gguf.tensor(n).nbytes for n in one.plan.weights())
+    free = KVBudget.RESERVE + weights + (64 << 20)  # a fixed reading: lavapipe's (the RAM's) moves
+    monkeypatch.setattr(GPUBackend, "free_memory", lambda self: (free, "test memory"))
+    budget = KVBudget(0.5)
+    split = make_split(one.gguf, one.plan, 64, TWO, kv_blocks=budget, max_seqs=2, batch_tokens=64)
+    assert isinstance(split, SplitBackend) and len(split.stages) == 2
+    blocks = [s.n_blocks for s in split.stages]
+    assert max(blocks) - min(blocks) <= 1 and split.n_blocks == min(blocks)  # each holds the same tokens
+    taken = sum(s.n_blocks * s.block_size * s.plan.kv_bytes_per_token() for s in split.stages)
+    block = split.block_size * split.plan.kv_bytes_per_token()  # one block, every layer
+    assert taken <= 0.5 * (free - KVBudget.RESERVE)  # the fraction once
+    assert taken >= 0.5 * (free - KVBudget.RESERVE - weights) - 2 * block  # and all of it, once weights are in
+    assert "divided among its 2 parts there" in budget.note
