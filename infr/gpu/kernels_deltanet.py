@@ -32,11 +32,15 @@ from infr.ops import DeltaNet, HeadSlice, SigmoidMul
 
 CONV_WG = 64  # deltanet_conv.wgsl's @workgroup_size
 PRE_ROWS = 16  # batches of this many rows normalise q and k in a pass of their own (rule_dispatches)
-# Batches of this many rows (one full chunk) take the chunked rule (chunk_dispatches): ~T / CHUNK
-# serial steps of small matmuls instead of T row steps (~7.6 us each on an H100), for two more
-# dispatches of fixed cost; shorter batches and batched decode steps keep the token-serial rule.
-# `DN_T=8,16,32,64 python perf/deltanet_chunk_time.py` measures where the chunked rule starts to win.
+# Batches of this many rows take the chunked rule (chunk_dispatches): ~T / CHUNK serial steps of
+# small matmuls instead of T row steps, for two more dispatches of fixed cost; shorter batches and
+# batched decode steps keep the token-serial rule. Measured on an H100 (qwen35-4b's DeltaNet, us a
+# layer with qknorm and the norm, `DN_T=64,512 python3 perf/deltanet_chunk_time.py [DN_FLAVOR=dawn]`,
+# perf/h200/deltanet-chunk-2026-12-06-h100.txt): wgpu-native token-serial 144 / 900 at T = 64 / 512,
+# chunked 92 / 420; Dawn token-serial 69 / 509, chunked 91 / 404. So the chunked rule from one full
+# chunk on wgpu-native, and on Dawn from 160 rows, where the two lines through those points cross.
 CHUNK_ROWS = 32
+CHUNK_ROWS_DAWN = 160
 CHUNK = 32  # rows a chunk (deltanet_chunk_intra.wgsl's C: its C x 32 tiles fit 16 KiB of workgroup memory)
 CHUNK_MAX_DK = 128  # deltanet_chunk_state.wgsl keeps a d_k x 16 block of S in workgroup memory
 MAX_DK = 256  # the rule kernel's qs and ks, d_k floats each in workgroup memory
@@ -160,6 +164,14 @@ def chunk_dispatches(kernels: Kernels, u, beta, alpha, consts, live, rows, rstat
     return [index, intra, state]
 
 
+def chunk_rows(dev) -> int:
+    """The smallest prompt batch that takes the chunked rule on `dev` (the knob, else by flavor)."""
+    least = TU.current().deltanet_chunk_rows
+    if least is not None:
+        return least
+    return CHUNK_ROWS_DAWN if dev.dawn else CHUNK_ROWS
+
+
 def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rstate, o, dst, m: DeltaNetSpec,
                     eps: float, n_slots: int, T: int, xq=None, pre: bool | None = None, chunk: bool | None = None,
                     scratch=None) -> list[Dispatch]:
@@ -167,14 +179,13 @@ def rule_dispatches(kernels: Kernels, u, beta, alpha, z, consts, live, rows, rst
     then gated-RMSNormed times silu(z); with xq (KQ.scratch) dst also rounded to 8 bits there, for
     the output projection's int8 GEMV (KS.can_round_output). `pre` (default: T >= PRE_ROWS): q and k
     normalised first by a parallel pass, so the token-serial rule has two barriers a row, not a dozen.
-    `chunk` (default: T >= CHUNK_ROWS where can_chunk): the chunked rule (chunk_dispatches, its
+    `chunk` (default: T >= CHUNK_ROWS, CHUNK_ROWS_DAWN on Dawn, where can_chunk): the chunked rule (chunk_dispatches, its
     scratch) instead of the token-serial one."""
     check_spec(m)
     if T > 65535:
         raise UnsupportedError(f"the DeltaNet kernels take at most 65535 rows a pass, not {T}")
     if chunk is None:
-        least = TU.current().deltanet_chunk_rows
-        chunk = T >= (CHUNK_ROWS if least is None else least) and can_chunk(kernels, m)
+        chunk = T >= chunk_rows(kernels.dev) and can_chunk(kernels, m)
     pre = chunk or (T >= PRE_ROWS if pre is None else pre)
     if chunk:
         rule = chunk_dispatches(kernels, u, beta, alpha, consts, live, rows, rstate, o, m, n_slots, T, scratch)

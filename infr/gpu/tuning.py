@@ -66,7 +66,7 @@ class Tuning:
     tiles that replace mmq's on Dawn); attention: AttentionTuning; gemm_min_t: the
     smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
     environment: never); deltanet_chunk_rows: the smallest prompt batch the chunked
-    delta rule takes (kernels_deltanet.CHUNK_ROWS; INFR_DELTANET_CHUNK_ROWS, 0: never)."""
+    delta rule takes (kernels_deltanet.chunk_rows: CHUNK_ROWS, CHUNK_ROWS_DAWN on Dawn; INFR_DELTANET_CHUNK_ROWS, 0: never)."""
 
     gemv: object = field(default_factory=lambda: _gemv({}))
     mmq: object = field(default_factory=lambda: _mmq({}))

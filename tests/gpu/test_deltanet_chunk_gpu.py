@@ -74,6 +74,10 @@ def test_prompt_batches_take_the_chunked_rule():
     assert not KDN.can_chunk(K, DeltaNetSpec(16, 32, 256, 256, 4))
     assert not KDN.can_chunk(K, DeltaNetSpec(1, 2, 5, 5, 3))  # the state pass reads vec4s
     assert KDN.CHUNK_ROWS > KDN.PRE_ROWS
+    # by flavor, as measured (kernels_deltanet's comment): Dawn's token-serial rule wins longer
+    flavor = lambda dawn: type("Dev", (), {"dawn": dawn})()  # noqa: E731
+    assert (KDN.chunk_rows(flavor(False)), KDN.chunk_rows(flavor(True))) == (KDN.CHUNK_ROWS, KDN.CHUNK_ROWS_DAWN)
+    assert KDN.CHUNK_ROWS_DAWN > KDN.CHUNK_ROWS
 
 
 def test_the_tuning_knob_moves_the_chunked_rules_threshold(gpu, kernels, monkeypatch):
