@@ -89,7 +89,11 @@ class MmaTile:
 # --flavor dawn --mma ..., T = 512, the 8B's shapes), 64 x 128 with 2 x 4 subgroups of 2 x 2
 # matrices: Q4_K 72.9 TOPS, Q6_K 63.4, Q8_0 64.5, against mmq's 60.6 for Q4_K; 128 x 64 with
 # 4 x 2: 67.0, 21.7, 19.6; 64 x 64 with 2 x 2: 39.3, 32.7, 34.9 (mmq's 64 x 64 does as well).
-TILES = (MmaTile(64, 128, 2, 2, 4),)
+# Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
+# step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
+# (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
+# the one padding T least.
+TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
@@ -112,12 +116,15 @@ class MmaTuning:
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
-        """The first tile that fits and gives min_groups workgroups, else None."""
+        """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
+        least (the products of padding tokens are work too), the first on a tie; else None."""
+        best, best_pad = None, None
         for tile in self.tiles:
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
-            if tile.fits(dev, extra, pair) and groups >= self.min_groups:
-                return tile
-        return None
+            pad = -(-T // tile.BT) * tile.BT
+            if tile.fits(dev, extra, pair) and groups >= self.min_groups and (best_pad is None or pad < best_pad):
+                best, best_pad = tile, pad
+        return best
 
 
 def available(dev) -> bool:

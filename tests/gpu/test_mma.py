@@ -128,3 +128,7 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert tiles.tile_for(Dev(), 4096, 512).spec == "64,128,2,2,4,8"  # 256 workgroups
     assert tiles.tile_for(Dev(), 2048, 512).spec == "64,64,2,2,2,8"  # 64 x 128 gives 128 only
     assert tiles.tile_for(Dev(), 2048, 128) is None  # none fills the device: mmq's smaller tiles
+    # a batched decode step's few rows take the tile padding them least, the first on a tie
+    small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)))
+    assert [small.tile_for(Dev(), 4096, T).BT for T in (512, 100, 64, 33, 32, 16)] == [128, 128, 64, 64, 32, 32]
+    assert all(t.fits(Dev()) and t.fits(Dev(), pair=True) for t in KMA.TILES)
