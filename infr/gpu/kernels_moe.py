@@ -216,11 +216,12 @@ def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False) -> KMQ
 
 
 def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: int, g: Groups, tile,
-                   x_div: int = 1, act=None, chunks2=None, fused: bool = False) -> list[Dispatch]:
+                   x_div: int = 1, act=None, chunks2=None, fused: bool = False, half: int | None = None) -> list[Dispatch]:
     """y[a] = W_e @ x[a // x_div] for the pairs a of every tile of expert e (g, by group_dispatch),
     x rounded in xq; with `act`, the gate||up pair act(G_e x) * (U_e x) over chunks and chunks2
-    (or one fused gate_up bank). One dispatch per expert range, ceil(N / rows) x max_tiles
-    workgroups, the tiles past the last leaving at once."""
+    (or one fused gate_up bank); with `half` (0 gate, 1 up) and no act, that half of a fused bank
+    alone. One dispatch per expert range, ceil(N / rows) x max_tiles workgroups, the tiles past the
+    last leaving at once."""
     q = KM.as_qtype(qtype)
     rb = KM.row_bytes(q, K)
     pair = act is not None
@@ -228,12 +229,13 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
     assert bt == g.bt, (bt, g.bt)
     p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, False, A), label="mmq_expert.params",
                 uniform=True)
-    stride, base2 = (2 * N * rb, N * rb) if fused else (N * rb, 0)
+    stride, base2 = (2 * N * rb, N * rb) if fused or half is not None else (N * rb, 0)
+    base = 0 if half is None else half * N * rb
     none = KM._no_bias(kernels)
     out = []
     for i, (buf, e0, n) in enumerate(chunks):
         w2 = (buf if fused else chunks2[i][0]) if pair else None
-        ep = _experts(kernels, e0, n, stride, stride, 0, base2, x_div)
+        ep = _experts(kernels, e0, n, stride, stride, base, base2, x_div)
         bind = kernels.bind(pipe, [p, buf, xq, y, none, none, w2, None, ep, g.order, g.tiles])
         groups = (-(-N // rows_wg), g.max_tiles, 1)
         label = f"mmq_{KM.wgsl_name(q)}_expert{'_gate_up' if pair else ''} {N}x{K}"
@@ -244,8 +246,7 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
 def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
     """Whether this batch runs the experts as grouped GEMMs: a batch the dense matmuls would take
     the int8 GEMM for, banks the kernel reads (one gate/up type), the gate||up pair possible."""
-    if op.q8 is None or not all(op.q8) or not all(KMQ.applies(t) for t in tensors) or _table_act(op.spec) \
-            or op.scales:  # (the grouped path has no expert scales)
+    if op.q8 is None or not all(op.q8) or not all(KMQ.applies(t) for t in tensors):
         return False
     if not KMQ.use_mmq(T, kernels.dev):
         return False
@@ -255,8 +256,9 @@ def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
 
 
 def _table_act(m: MoESpec) -> bool:
-    """gemma4's table GELU: not on the grouped path (gemma4's experts have output scales, which it
-    lacks; its pair with the table would bind 9 storage buffers). The GEMV's pair takes it (expert_pair)."""
+    """gemma4's table GELU: the grouped gate||up pair would bind 9 storage buffers with the table, so
+    grouped batches run gate and up as two grouped products and gated_gelu_f16 (the GEMV's pair,
+    expert_pair, takes the table itself)."""
     return m.activation is Activation.GELU_F16
 
 
@@ -360,15 +362,28 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     A = T * K
     tile_up = grouped_tile(k, tensors[0].qtype, H, A, pair=True)
     tile_down = grouped_tile(k, tensors[-1].qtype, n_in, A)
+    if _table_act(m):  # gate and up apart (the single tile's BT groups both), then the table GELU
+        tile_up = tile_half = grouped_tile(k, tensors[0].qtype, H, A)
     groups = {bt: Groups(scratch, m.n_expert, A, bt) for bt in {tile_up.BT, tile_down.BT}}
     ds = [group_dispatch(k, ids, g, m.n_expert, A) for g in groups.values()]
-    ds += grouped_matmul(k, tensors[0].qtype, n_in, H, chunks[0], xq, act, A, groups[tile_up.BT], tile_up, x_div,
-                         act=m.activation, chunks2=None if m.fused_gate_up else chunks[1], fused=m.fused_gate_up)
+    if _table_act(m):
+        g, u = scratch("g", 4 * A * H), scratch("u", 4 * A * H)
+        for i, dst in enumerate((g, u)):
+            bank = chunks[0] if m.fused_gate_up else chunks[i]
+            ds += grouped_matmul(k, tensors[0 if m.fused_gate_up else i].qtype, n_in, H, bank, xq, dst, A,
+                                 groups[tile_half.BT], tile_half, x_div, half=i if m.fused_gate_up else None)
+        ds.append(KS.gated_dispatch(k, g, u, act, A * H, m.activation))
+    else:
+        ds += grouped_matmul(k, tensors[0].qtype, n_in, H, chunks[0], xq, act, A, groups[tile_up.BT], tile_up,
+                             x_div, act=m.activation, chunks2=None if m.fused_gate_up else chunks[1],
+                             fused=m.fused_gate_up)
     d, aq = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
     ys = scratch("ys", 4 * A * n_in)
     ds += [d] + grouped_matmul(k, tensors[-1].qtype, H, n_in, chunks[-1], aq, ys, A, groups[tile_down.BT], tile_down)
+    # gemma4: each pair's output times its expert's scale, in the combine (as the GEMV path does)
+    scales = (lower.be.weights[op.scales][0], ids) if op.scales else None
     y, resid = _output(lower, op, add)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid))
+    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid, scales=scales))
     return ds
 
 

@@ -204,3 +204,23 @@ def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, chan
     got = [first] + g.decode_greedy(first, len(prompt), 12)  # one-token steps past the 8-token window
     assert_follows_greedy(c, prompt, got)
     assert len(set(got)) > 2
+
+
+def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path):
+    """Experts of 256-value rows: a prompt batch runs them as grouped int8 GEMMs (gate and up apart,
+    then the table GELU; each expert's output scale in the combine), not one GEMV row a pair; greedy
+    tokens the CPU reference's."""
+    spec = replace(synth.PRESETS["tiny-gemma4-moe"], weight_type="Q8_0", n_embd=256, n_ff_exp=256)
+    gf = open_gguf(synth.write_gguf(spec, tmp_path / "moe256.gguf"))
+    plan = build_plan(build_spec(gf))
+    g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
+    T, n_layers = KMQ.MMQ_MIN_T, plan.spec.n_layers
+    labels = _labels(g, T)
+    assert sum(lb.startswith("mmq_q8_0_expert ") for lb in labels) == 3 * n_layers  # gate, up, down
+    assert sum(lb.startswith("moe_group") for lb in labels) >= n_layers
+    assert not any(lb.startswith("gemv_q8_0_expert") for lb in labels)
+    prompt = np.random.default_rng(6).integers(0, plan.spec.n_vocab, T).tolist()
+    first = int(np.argmax(g.forward(prompt, 0)[-1]))
+    got = [first] + g.decode_greedy(first, len(prompt), 8)
+    assert_follows_greedy(c, prompt, got)
+    assert len(set(got)) > 2

@@ -336,3 +336,28 @@ def test_grouped_gate_up_pair(gpu, kernels, fused):
     gate = np.einsum("ank,ak->an", Wg[ids], xi)
     want = _silu(gate) * np.einsum("ank,ak->an", Wu[ids], xi)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_grouped_halves_of_a_fused_bank(gpu, kernels):
+    """gemma4's grouped experts (table GELU: gate and up as two grouped products): `half` reads
+    the gate rows, then the up rows, of each expert of one gate_up bank."""
+    rng = np.random.default_rng(12)
+    q, E, N, T, k, K = Q.Q8_0, 5, 24, 40, 2, 256
+    A = T * k
+    gu = _bank(q, E, 2 * N, K, rng)
+    W = reference(Tensor("gu", q, (E * 2 * N, K), gu.raw)).reshape(E, 2 * N, K)
+    chunks = KMoE.upload_bank(gpu, gu)
+    ids = _grouped_pairs(rng, T, E)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+    tile = KMoE.grouped_tile(kernels, q, N, A)
+    g = KMoE.Groups(KMoE.Scratch(gpu), E, A, tile.BT)
+    ys = [storage(gpu, np.full((A, N), np.nan, np.float32)) for _ in range(2)]
+    run(gpu, [d, KMoE.group_dispatch(kernels, _u32(gpu, ids), g, E, A)]
+        + [dd for h in (0, 1) for dd in KMoE.grouped_matmul(kernels, q, K, N, chunks, xq, ys[h], A, g, tile,
+                                                             x_div=k, half=h)])
+    xi = quantize_q8(x).astype(np.float64)[np.arange(A) // k]
+    for h in (0, 1):
+        got = read(gpu, ys[h], np.float32, A * N).reshape(A, N)
+        want = np.einsum("ank,ak->an", W[ids][:, h * N:(h + 1) * N], xi)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"half {h}")
