@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import ray
 from litestar.testing import TestClient
 from ray import serve
 
+from cluster_kit import free_port, running, wait_for  # tests/cluster is on sys.path
 from infr.cluster import app as cluster_app
 from infr.cluster.config import ClusterConfig, ModelEntry
 from infr.serve.app import create_app
@@ -37,36 +36,16 @@ STORY = ("Here is a long note about the lighthouse keeper {n}, who counted ships
          "thyme and onions behind the stone wall, and sent letters to a sister in a faraway harbour town. ") * 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(pred, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
 def cluster(smollm2_path):
     cfg = ClusterConfig(models=[ModelEntry(str(smollm2_path), "smol"), ModelEntry(str(smollm2_path), "smol-b")],
-                        replicas=2, num_cpus=1, ctx=512, parallel=4, backend="cpu", port=_free_port(),
+                        replicas=2, num_cpus=1, ctx=512, parallel=4, backend="cpu", port=free_port(),
                         local_cpus=8, object_store_mb=200, replica_logs=False, api_key=KEY, drain_s=30,
                         event_gap_s=30, probe_s=0.5)
-    cluster_app.connect(cfg)
-    try:
-        cluster_app.start(cfg)
+    with running(cfg):
         yield cfg
-    finally:
-        if serve.status().applications:
-            cluster_app.stop(cfg)
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +134,7 @@ def test_answers_and_error_bodies_match_infr_serve(base, client, smollm2_path):
     ref = create_app(Config(model=str(smollm2_path), ctx=512, backend="cpu", model_alias="smol", strict_model=True,
                             api_key=KEY))
     with TestClient(ref, timeout=60) as tc:
-        _wait(lambda: tc.get("/health").status_code == 200, 60, "the reference server")
+        wait_for(lambda: tc.get("/health").status_code == 200, 60, "the reference server")
         for method, path, body, headers in cases:
             kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
             want = tc.request(method, path, headers=headers, **kw)
@@ -235,7 +214,7 @@ def test_client_that_leaves_frees_its_replica(base, client):
                 and _sample(m, "infr_requests_cancelled_total", model="smol-b")
                 == _sample(before, "infr_requests_cancelled_total", model="smol-b") + 1)
 
-    _wait(freed, 30, "the replica to cancel the abandoned answer")
+    wait_for(freed, 30, "the replica to cancel the abandoned answer")
 
 
 def _serving_slot(base: str, model: str, n: int) -> int:
@@ -278,7 +257,7 @@ def test_killed_replica_fails_in_flight_cleanly_and_is_restarted(base, client):
     assert first_token.wait(60)
     threads.append(threading.Thread(target=plain))
     threads[1].start()
-    slot = _wait(lambda: _serving_slot(base, "smol", 2) + 1, 30, "both requests on one replica (same prefix)") - 1
+    slot = wait_for(lambda: _serving_slot(base, "smol", 2) + 1, 30, "both requests on one replica (same prefix)") - 1
     handle = serve.get_deployment_handle(f"engine-0-{slot}", app_name=cluster_app_name())
     pid = handle.info.remote().result(timeout_s=30)["pid"]
     killed = time.monotonic()
@@ -294,7 +273,7 @@ def test_killed_replica_fails_in_flight_cleanly_and_is_restarted(base, client):
         r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": f"Hi {i}"}],
                                            max_tokens=3)
         assert r.choices[0].finish_reason in ("stop", "length")
-    _wait(lambda: httpx.get(f"{base}/health").status_code == 200, 120, "the killed replica's restart", every=0.5)
+    wait_for(lambda: httpx.get(f"{base}/health").status_code == 200, 120, "the killed replica's restart", every=0.5)
     assert handle.info.remote().result(timeout_s=30)["pid"] != pid  # Ray started a new process
     m = _metrics(base)
     assert _sample(m, "infr_cluster_replica_failures_total", model="smol") >= 2
@@ -319,7 +298,7 @@ def test_shutdown_drains_requests_in_flight(cluster, client):
 
     t = threading.Thread(target=streamed)
     t.start()
-    _wait(lambda: "text" in result or _serving_slot(f"http://127.0.0.1:{cluster.port}", "smol-b", 1) >= 0, 30,
+    wait_for(lambda: "text" in result or _serving_slot(f"http://127.0.0.1:{cluster.port}", "smol-b", 1) >= 0, 30,
           "the request in flight")
     cluster_app.stop(cluster)  # blocks until the application is gone
     t.join(timeout=60)

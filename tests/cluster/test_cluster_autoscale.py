@@ -5,17 +5,14 @@ both answer requests."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import ray
 from ray import serve
 
-from infr.cluster import app as cluster_app
+from cluster_kit import free_port, running, wait_for  # tests/cluster is on sys.path
 from infr.cluster.config import ClusterConfig, ModelEntry
 
 # How often handles and replicas report their load to Ray's autoscaler (10 s by default); read by
@@ -24,20 +21,6 @@ PUSH_ENV = {"RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
             "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(pred, timeout: float, what: str, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +28,12 @@ def autoscaled(smollm2_path):
     saved = {k: os.environ.get(k) for k in PUSH_ENV}
     os.environ.update(PUSH_ENV)
     cfg = ClusterConfig(models=[ModelEntry(str(smollm2_path), "smol")], replicas=1, max_replicas=2, num_cpus=1,
-                        ctx=256, parallel=2, backend="cpu", port=_free_port(), local_cpus=4, object_store_mb=100,
+                        ctx=256, parallel=2, backend="cpu", port=free_port(), local_cpus=4, object_store_mb=100,
                         replica_logs=False, drain_s=5, upscale_delay_s=1, downscale_delay_s=600, look_back_s=2)
     try:
-        cluster_app.connect(cfg)
-        cluster_app.start(cfg)
-        yield cfg
+        with running(cfg):
+            yield cfg
     finally:
-        if ray.is_initialized():
-            if serve.status().applications:
-                cluster_app.stop(cfg)
-            ray.shutdown()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -96,8 +74,8 @@ def test_load_starts_the_second_replica_and_both_serve(autoscaled):
         for i in range(6):
             pool.submit(load, i)
         try:
-            _wait(lambda: _running(cfg) == 2 or errors, 90, "the second replica")
-            both = _wait(lambda: (lambda s: s if len(s) == 2 and min(s.values()) > 0 else None)(served()) or errors,
+            wait_for(lambda: _running(cfg) == 2 or errors, 90, "the second replica")
+            both = wait_for(lambda: (lambda s: s if len(s) == 2 and min(s.values()) > 0 else None)(served()) or errors,
                          60, "requests on both replicas")
         finally:
             done.set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,18 +13,14 @@ from pathlib import Path
 
 import httpx
 import openai
+from cluster_kit import free_port  # tests/cluster is on sys.path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_command_serves_and_drains_on_sigterm(smollm2_path, tmp_path):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "cluster.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "infr", "cluster", f"smol={smollm2_path}", "--replicas", "1",

@@ -5,7 +5,6 @@ WebGPU adapter itself). Its greedy answer equals `infr serve`'s on the GPU backe
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import httpx
@@ -14,7 +13,7 @@ import ray
 from litestar.testing import TestClient
 from ray import serve
 
-from infr.cluster import app as cluster_app
+from cluster_kit import free_port, running  # tests/cluster is on sys.path
 from infr.cluster.config import ClusterConfig, ModelEntry
 from infr.gpu.device import gpu_adapters
 from infr.serve.app import create_app
@@ -34,25 +33,14 @@ def adapters() -> list[int]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def gpu_cluster(adapters, smollm2_path):
     cfg = ClusterConfig(models=[ModelEntry(str(smollm2_path), "smol")], replicas=1, num_cpus=1, num_gpus=1,
-                        ctx=256, parallel=2, backend="gpu", port=_free_port(), local_cpus=4, object_store_mb=100,
+                        ctx=256, parallel=2, backend="gpu", port=free_port(), local_cpus=4, object_store_mb=100,
                         replica_logs=False, drain_s=5)
-    cluster_app.connect(cfg)
-    try:
-        cluster_app.start(cfg)
+    with running(cfg):
         yield cfg
-    finally:
-        if serve.status().applications:
-            cluster_app.stop(cfg)
-        ray.shutdown()
 
 
 def test_gpu_replica_answers_as_infr_serve_on_the_gpu(gpu_cluster, adapters, smollm2_path):
