@@ -97,11 +97,19 @@ TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2,
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
+# Below this many rows a plain product (not a gate||up pair) keeps the int8 GEMV where the tensor cores
+# are: on an H100 at T = 32 (perf/h200/batched-decode-tiles-2026-12-06-h100.txt, the 8B's Q4_K shapes)
+# the GEMV took 0.080 / 0.102 / 0.224 ms for q/o, qkv and down against the 64 x 32 tile's 0.112 / 0.114
+# / 0.389, while the tile won the gate||up pair, 0.244 against 0.371.
+PLAIN_MIN_T = 33
+
+
 @dataclass(frozen=True)
 class MmaTuning:
     on: bool = True
     tiles: tuple[MmaTile, ...] = TILES
     min_groups: int = 1
+    plain_min_t: int = PLAIN_MIN_T
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -113,6 +121,8 @@ class MmaTuning:
             t = replace(t, tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_TILES"].split()))
         if env.get("INFR_MMA_MIN_GROUPS"):
             t = replace(t, min_groups=int(env["INFR_MMA_MIN_GROUPS"]))
+        if env.get("INFR_MMA_PLAIN_MIN_T"):
+            t = replace(t, plain_min_t=int(env["INFR_MMA_PLAIN_MIN_T"]))
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
@@ -139,6 +149,13 @@ def available(dev) -> bool:
         and int(c.get("min_subgroup_size", 0)) <= SUBGROUP <= int(c.get("max_subgroup_size", 0))
         for c in dev.subgroup_matrix_configs
     )
+
+
+def keeps_gemv(dev, T: int) -> bool:
+    """Whether a plain product of T rows stays on the int8 GEMV because the device has these tensor
+    cores (MmaTuning.plain_min_t; gate||up pairs take the tiles from kernels_mmq's min_t)."""
+    t = TU.current().mma
+    return t.on and T < t.plain_min_t and available(dev)
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:

@@ -230,15 +230,18 @@ def min_tokens(dev=None) -> int:
     return device_tuning(dev).min_t
 
 
-def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None) -> bool:
+def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None, pair: bool = False) -> bool:
     """Whether a batch of T tokens times `tensor` (None: the batch size alone)
     runs this kernel on `dev`: a type with a reader in a matmul that multiplies
     rounded activations (q8: as the plan marks it, MatMul.q8, which the CPU
     reference follows too; None: takes_q8 of the tensor's type, for callers
     with a bare tensor), in batches of min_t tokens or more, on every adapter
     (on lavapipe Q4_K beat the f32 GEMM that runs batches there at T = 16 and
-    64 alike; on the H200 the GEMV wins below 32 tokens)."""
+    64 alike; on the H200 the GEMV wins below 32 tokens). `pair`: a gate||up pair, which takes the
+    tensor cores from min_t rows where plain products keep the GEMV (kernels_mma.keeps_gemv)."""
     if tensor is not None and not (applies(tensor) and (takes_q8(tensor.qtype) if q8 is None else q8)):
+        return False
+    if tensor is not None and not pair and KMA.keeps_gemv(dev, T):  # batched decode's plain products
         return False
     return T >= min_tokens(dev)
 

@@ -21,6 +21,7 @@ from infr.gpu import kernels_deltanet as KDN
 from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_gemm as KG
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
@@ -156,12 +157,14 @@ class Lowering:
         x = self.current(mg.src)
         tg, tu = be.gf.tensor(mg.weight), be.gf.tensor(mu.weight)
         chunks_g, chunks_u = be.weights[mg.weight], be.weights[mu.weight]
-        if KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
-            if not KMQ.pairs_act(self.k, tg, chunks_g, self.rows, act.act):
+        if KMQ.use_mmq(self.rows, be.dev, tg, mg.q8, pair=True) and KM.can_fuse_gate_up(tg, tu, chunks_g, chunks_u):
+            if KMQ.pairs_act(self.k, tg, chunks_g, self.rows, act.act):
+                y = self.target(act.dst, mg.src)
+                pre, xq = self.q8_input(x, int(tg.shape[-1]))
+                return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
+            if not KMA.keeps_gemv(be.dev, self.rows):
                 return None  # the tensor cores' pair has no table GELU: gate, up, then gated_gelu_f16
-            y = self.target(act.dst, mg.src)
-            pre, xq = self.q8_input(x, int(tg.shape[-1]))
-            return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
+            # a batched decode step's rows: the GEMV's pair below takes the table GELU
         # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch
         # (as do a pair of two types where the int8 GEMM takes either).
         mmq_either = KMQ.use_mmq(self.rows, be.dev, tg, mg.q8) or KMQ.use_mmq(self.rows, be.dev, tu, mu.q8)

@@ -132,3 +132,28 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)))
     assert [small.tile_for(Dev(), 4096, T).BT for T in (512, 100, 64, 33, 32, 16)] == [128, 128, 64, 64, 32, 32]
     assert all(t.fits(Dev()) and t.fits(Dev(), pair=True) for t in KMA.TILES)
+
+
+def test_batched_decode_keeps_the_gemv_for_plain_products():
+    """Where the tensor cores are, a plain product of fewer than plain_min_t rows stays on the int8
+    GEMV and a gate||up pair takes them from kernels_mmq's min_t (measured per product on an H100);
+    without them, or with INFR_MMA=0, mmq's own threshold alone."""
+    from types import SimpleNamespace
+
+    from infr.gpu import tuning
+
+    config = {"component_type": "f16", "result_component_type": "f32", "m": 16, "n": 16, "k": 16,
+              "min_subgroup_size": 32, "max_subgroup_size": 32}
+    mma_dev = SimpleNamespace(dawn=True, has=lambda f: True, subgroup_matrix_configs=[config], is_cpu=False)
+    plain_dev = SimpleNamespace(dawn=False, has=lambda f: False, subgroup_matrix_configs=[], is_cpu=False)
+    w = SimpleNamespace(qtype=Q.Q4_K, shape=(4096, 4096))
+    assert KMA.available(mma_dev) and not KMA.available(plain_dev)
+    lo, hi = KMQ.MMQ_MIN_T, KMA.PLAIN_MIN_T
+    use = lambda dev, T, pair=False: KMQ.use_mmq(T, dev, w, True, pair=pair)  # noqa: E731
+    assert [use(mma_dev, T) for T in (lo - 1, lo, hi - 1, hi)] == [False, False, False, True]
+    assert [use(mma_dev, T, pair=True) for T in (lo - 1, lo, hi - 1)] == [False, True, True]
+    assert [use(plain_dev, T) for T in (lo - 1, lo, hi - 1)] == [False, True, True]
+    assert KMQ.use_mmq(lo, mma_dev)  # no tensor: the batch size alone (the grouped experts' test)
+    with tuning.override(mma=KMA.MmaTuning(on=False)):
+        assert use(mma_dev, lo)
+    assert KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_MIN_T": "64"}).plain_min_t == 64
