@@ -273,7 +273,10 @@ def test_killed_replica_fails_in_flight_cleanly_and_is_restarted(base, client):
         r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": f"Hi {i}"}],
                                            max_tokens=3)
         assert r.choices[0].finish_reason in ("stop", "length")
-    wait_for(lambda: httpx.get(f"{base}/health").status_code == 200, 120, "the killed replica's restart", every=0.5)
+    # /health is 200 while any replica of each model is live: wait for the ingress's probe to take the
+    # restarted one back, not only for Ray to start it
+    wait_for(lambda: httpx.get(f"{base}/health").json()["models"]["smol"]["live"] == 2, 120,
+             "the killed replica's restart", every=0.5)
     assert handle.info.remote().result(timeout_s=30)["pid"] != pid  # Ray started a new process
     m = _metrics(base)
     assert _sample(m, "infr_cluster_replica_failures_total", model="smol") >= 2
