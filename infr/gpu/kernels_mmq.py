@@ -17,7 +17,7 @@ Q4_K (before the reader split, nibbles staged as such) took the synthetic
 (perf/h200/prefill-mmq-2026-12-01.json).
 
 Selection (use_mmq): a READERS type whose matmuls round their activations
-(infr.numerics.takes_q8), K % 256 == 0, in batches of T >= min_t tokens, on
+(infr.numerics.takes_q8), K % 64 == 0, in batches of T >= min_t tokens, on
 every adapter. Smaller batches keep their kernels (the GEMV; on CPU adapters
 the f32 GEMM from 8 tokens). The knobs (tile list, min_t, runtime checks)
 are read from INFR_MMQ_* once per device (MmqTuning.from_env, device_tuning).
@@ -62,8 +62,11 @@ MIN_GROUPS = 256
 
 
 def applies(tensor) -> bool:
-    """A matrix the kernel can multiply: a READERS type, whole 256-value groups per row."""
-    return Q(int(tensor.qtype)) in READERS and int(tensor.shape[-1]) % 256 == 0
+    """A matrix the kernel can multiply: a READERS type, whole 64-value groups per row (the q8
+    activations' scale pairs; k-quant rows are whole 256-value blocks anyway). Rows of 32-value
+    block types that are not whole 256s (Gemma 4 26B's experts: 704 wide, Q5_0 / Q8_0 by
+    llama.cpp's fallback) stage fewer sub-blocks at a time (MmqTile.fit_k)."""
+    return Q(int(tensor.qtype)) in READERS and int(tensor.shape[-1]) % 64 == 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class MmqTile:
             raise ValueError(f"bad mmq tile {t}: needs BN % RM == BT % RT == 0, RM even, SUB 2, 4 or 8, "
                              f"32..{inv} invocations, at most {mem} bytes of workgroup memory")
         return t
+
+    def fit_k(self, K: int) -> MmqTile:
+        """This (resolved) tile staging a number of sub-blocks that divides a row of K values: the
+        largest of SUB, 4, 2 that does (K % 64 == 0, so 2 always does)."""
+        return replace(self, SUB=next(s for s in (8, 4, 2) if s <= self.SUB and (K // 32) % s == 0))
 
     @classmethod
     def parse(cls, spec: str) -> MmqTile:
@@ -247,14 +255,19 @@ def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None, pair: bool = 
 
 
 def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act: str | None = None,
-                 split: bool = False, expert: bool = False):
+                 split: bool = False, expert: bool = False, K: int | None = None):
     """(the compiled kernel for `qtype`: plain, gate||up with `pair_act` or
     the q|k|v split; the output rows and the tokens one workgroup covers).
     An MmaTile builds the tensor-core kernel (kernels_mma) on the same bindings. `expert`: tiles
-    of pairs routed to one expert of a bank (kernels_moe's grouped path; int8 tiles only)."""
+    of pairs routed to one expert of a bank (kernels_moe's grouped path; int8 tiles only). `K`: the
+    rows' width, which the stages must divide (None: the tile's as resolved)."""
     if isinstance(tile, KMA.MmaTile):
+        if K is not None and K % (32 * tile.SUB):
+            raise ValueError(f"tensor-core tile {tile.spec} stages {32 * tile.SUB} values; rows of {K} are not whole stages")
         return KMA.pipeline(kernels, KM.wgsl_name(qtype), tile, pair_act, split)
     t = tile.resolved(kernels.dev, READERS[Q(int(qtype))])
+    if K is not None:
+        t = t.fit_k(K)
     pair = pair_act is not None
     consts = {
         "QTYPE": KM.wgsl_name(qtype), "BN": t.BN, "BT": t.BT, "RM": t.RM, "RT": t.RT, "SUB": t.SUB,
@@ -278,7 +291,7 @@ def _params(q, K: int, rows: int, row0: int, N_out: int, T: int, bias: bool, res
 
 def _check(w, K: int) -> Q:
     if not applies(w):
-        raise ValueError(f"mmq multiplies {'/'.join(q.name for q in READERS)} rows of whole 256-value groups, "
+        raise ValueError(f"mmq multiplies {'/'.join(q.name for q in READERS)} rows of whole 64-value groups, "
                          f"not {Q(int(w.qtype)).name} K={K}")
     return Q(int(w.qtype))
 
@@ -301,7 +314,7 @@ def mmq_dispatches(kernels: Kernels, w, chunks, xq, y, bias, T: int, resid=None,
     if sum(rows for _, _, rows in chunks) != N:
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
     tile = tile or _tile(kernels, q, max(r for _, _, r in chunks), T)
-    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile)
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
     out = []
@@ -340,7 +353,7 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
     K, N = int(wg.shape[-1]), int(wg.shape[0])
     q = Q(int(wg.qtype))
     tile = tile or _tile(kernels, q, max(r for _, _, r in chunks_g), T, pair=True)
-    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act))
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
     out = []
@@ -366,7 +379,7 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
     N = sum(sizes)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
-    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile or _tile(kernels, q, N, T), split=True)
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile or _tile(kernels, q, N, T), split=True, K=K)
     (buf, _, _), = chunks
     none = KM._no_bias(kernels)
     p = storage(kernels.dev, _params(q, K, N, 0, N, T, bias is not None, False, split1, split2),

@@ -225,7 +225,7 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
     q = KM.as_qtype(qtype)
     rb = KM.row_bytes(q, K)
     pair = act is not None
-    pipe, rows_wg, bt = KMQ.mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), expert=True)
+    pipe, rows_wg, bt = KMQ.mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), expert=True, K=K)
     assert bt == g.bt, (bt, g.bt)
     p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, False, A), label="mmq_expert.params",
                 uniform=True)

@@ -206,12 +206,13 @@ def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, chan
     assert len(set(got)) > 2
 
 
-def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path):
-    """Experts of 256-value rows: a prompt batch runs them as grouped int8 GEMMs (gate and up apart,
-    then the table GELU; each expert's output scale in the combine), not one GEMV row a pair; greedy
-    tokens the CPU reference's."""
-    spec = replace(synth.PRESETS["tiny-gemma4-moe"], weight_type="Q8_0", n_embd=256, n_ff_exp=256)
-    gf = open_gguf(synth.write_gguf(spec, tmp_path / "moe256.gguf"))
+@pytest.mark.parametrize("n_ff_exp", [256, 192], ids=["experts-of-256", "experts-of-192"])
+def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path, n_ff_exp):
+    """Experts of 256-value rows, and of 192 (down rows not whole 256s, as the 26B's 704): a prompt
+    batch runs them as grouped int8 GEMMs (gate and up apart, then the table GELU; each expert's
+    output scale in the combine), not one GEMV row a pair; greedy tokens the CPU reference's."""
+    spec = replace(synth.PRESETS["tiny-gemma4-moe"], weight_type="Q8_0", n_embd=256, n_ff_exp=n_ff_exp)
+    gf = open_gguf(synth.write_gguf(spec, tmp_path / f"moe{n_ff_exp}.gguf"))
     plan = build_plan(build_spec(gf))
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     T, n_layers = KMQ.MMQ_MIN_T, plan.spec.n_layers

@@ -209,3 +209,27 @@ def test_q4_k_m_mix_prefill_through_mmq(tmp_path, gpu, monkeypatch):
         assert_logits_close(gpu_be.forward(prompt, 0, n_logits=T), cpu_be.forward(prompt, 0, n_logits=T), True)
     finally:
         KMQ.set_tuning(gpu, old)
+
+
+ODD_K = [Q.Q8_0, Q.Q5_0, Q.Q4_0]
+
+
+@pytest.mark.parametrize("qtype", ODD_K, ids=_ids(ODD_K))
+def test_rows_not_whole_256s(gpu, kernels, qtype):
+    """32-value block types with rows of 704 (Gemma 4 26B's experts) and 2112 (its dense FFN down):
+    the tile stages 2 sub-blocks at a time instead of the resolved SUB, which would skip the tail."""
+    rng = np.random.default_rng([int(qtype), 704])
+    for K, T in ((704, 33), (2112, 20)):
+        N = 70
+        t = make_weight(qtype, N, K, rng)
+        assert KMQ.applies(t)
+        tile = PLAIN.resolved(gpu)
+        assert tile.fit_k(K).SUB == 2 and tile.fit_k(1024).SUB == tile.SUB
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        y = _nan(gpu, T, N)
+        quant, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
+        run(gpu, [quant] + KMQ.mmq_dispatches(kernels, t, KM.upload_weight(gpu, t), xq, y, None, T, tile=PLAIN))
+        want, scale = _want(t, x)
+        _check(f"{qtype.name} K={K}", read(gpu, y, np.float32, T * N).reshape(T, N), want, scale)
+    assert not KMQ.applies(make_weight(qtype, 4, 736, rng))  # 23 blocks of 32: no whole 64s
+

@@ -280,8 +280,21 @@ MMQ_TYPES = sorted(KMQ.READERS, key=int)
 @pytest.mark.parametrize("q", MMQ_TYPES, ids=[t.name.lower() for t in MMQ_TYPES])
 @pytest.mark.parametrize("split", [False, True], ids=["one-binding", "split-by-experts"])
 def test_grouped_expert_gemm_per_type(gpu, kernels, q, split):
-    rng = np.random.default_rng(int(q) + 100)
-    E, N, T, k, K = 7, 45, 70, 2, 256
+    _grouped_case(gpu, kernels, q, split, 256)
+
+
+ROWS_OF_704 = [Q.Q8_0, Q.Q5_0]  # llama.cpp's fallbacks for Q6_K / Q4_K rows that are not whole 256s
+
+
+@pytest.mark.parametrize("q", ROWS_OF_704, ids=[t.name.lower() for t in ROWS_OF_704])
+def test_grouped_expert_gemm_rows_of_704(gpu, kernels, q):
+    """Gemma 4 26B's expert down rows (K = 704 = 22 blocks of 32): the stages shrink to 2 blocks."""
+    _grouped_case(gpu, kernels, q, False, 704)
+
+
+def _grouped_case(gpu, kernels, q, split: bool, K: int) -> None:
+    rng = np.random.default_rng(int(q) + 100 + K)
+    E, N, T, k = 7, 45, 70, 2
     A = T * k
     t = _bank(q, E, N, K, rng)
     chunks = KMoE.upload_bank(gpu, t, KM.binding_for_rows(3, KMoE.expert_bytes(t)) if split else None)
