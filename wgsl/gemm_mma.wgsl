@@ -24,12 +24,13 @@
 // after it: two barriers per stage. Results leave through a per-subgroup
 // 16 x 16 scratch (ep) into matmul_common's row epilogue (bias, residual) or
 // gemv_split's q|k|v store. Rows past N and tokens past T read row N - 1 /
-// token T - 1 and are not stored. K % 256 == 0. Dispatch
-// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1).
+// token T - 1 and are not stored. K % KS == 0. Dispatch
+// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1). EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
+// token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
 
 enable chromium_experimental_subgroup_matrix;
 
-// #include mmq_expert_none
+{{EXPERT}}
 // #include mmq_reader
 // #include mmq_{{QTYPE}}
 
@@ -84,7 +85,7 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     for (var n = 0u; n < NX; n++) {
         let k = tid + n * WG;
         if (k < BT * XV) {
-            let t = min(tok0 + k / XV, params.T - 1u);
+            let t = x_tok(tok0, k / XV);
             let v = k % XV;
             g.x[n] = xq[t * params.x_stride + k0 / 16u + v];
             g.d[n] = xq[t * params.x_stride + params.K / 16u + k0 / 64u + v / 4u];
@@ -156,8 +157,11 @@ fn convert(g: Staged, tid: u32) {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    if (tile_skip(wid.y)) {  // EXPERT: no pairs, or its expert in another binding
+        return;
+    }
     let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
-    let tok0 = wid.y * BT;
+    let tok0 = tile_tok0(wid.y);
     let sr = sg % SGR;
     let sc = sg / SGR;
     let nst = params.K / KS;
@@ -190,7 +194,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{EPILOGUE}}
 }
 
-// One output matrix of this subgroup through ep: rows row0 + m, tokens t0 + n
+// One output matrix of this subgroup through ep: rows row0 + m, the tile's tokens t0 + n
 // (ep column-major: element (m, n) at 16 n + m); `other` the matching up
 // matrix's values (PAIR) as this lane read them.
 fn out_values(scratch: u32, lane: u32) -> array<f32, 8> {
@@ -201,12 +205,12 @@ fn out_values(scratch: u32, lane: u32) -> array<f32, 8> {
     return v;
 }
 
-fn store_values(v: array<f32, 8>, up: array<f32, 8>, lane: u32, row0: u32, t0: u32) {
+fn store_values(v: array<f32, 8>, up: array<f32, 8>, lane: u32, row0: u32, tok0: u32, t0: u32) {
     for (var e = 0u; e < 8u; e++) {
         let idx = lane + 32u * e;
         let r = row0 + idx % 16u;
-        let t = t0 + idx / 16u;
-        if (r < params.N && t < params.T) {
+        let t = out_tok(tok0, t0 + idx / 16u);
+        if (r < params.N && t != NO_TOKEN) {
             var x = v[e];
             if (PAIR) {
                 x = select(silu(x), gelu(x), ACT_GELU) * up[e];

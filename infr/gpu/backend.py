@@ -494,10 +494,14 @@ class GPUBackend(Graphs):
                     n = min(per_submit, k - done)
                     with profile.HostClock(timer, "encode"):
                         enc = self.dev.device.create_command_encoder()
-                        cpass = enc.begin_compute_pass()
-                        for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
-                            steps[far].encode(cpass, times=times, timer=timer)
-                        cpass.end()
+                        if timer is not None and timer.per_pass:  # each dispatch a pass (Dawn's profile)
+                            for far, times in self.spans(start + done, n):
+                                steps[far].encode_passes(enc, times=times, timer=timer)
+                        else:
+                            cpass = enc.begin_compute_pass()
+                            for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
+                                steps[far].encode(cpass, times=times, timer=timer)
+                            cpass.end()
                         buf = self._staging(4 * n * L)
                         enc.copy_buffer_to_buffer(self.token_log, 4 * done * L, buf, 0, 4 * n * L)
                         cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens
@@ -574,9 +578,7 @@ def _seed(params: SamplingParams) -> int:
 
 
 def _encode(enc, recording: Recording, timer=None) -> None:
-    cp = enc.begin_compute_pass()
-    recording.encode(cp, timer=timer)
-    cp.end()
+    recording.encode_passes(enc, timer=timer)
 
 
 _KERNELS: dict[int, Kernels] = {}

@@ -199,13 +199,14 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
                         f"    let u_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
                 up = f"u_{a}_{b}"
             epi.append(f"    store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
-                       f"tok0 + (sc * TN + {b}u) * 16u);")
+                       f"tok0, (sc * TN + {b}u) * 16u);")
     return {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi)}
 
 
 def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = None, split: bool = False,
-             phases: tuple[str, ...] | None = None):
-    """(the compiled kernel, output rows and tokens one workgroup covers), as kernels_mmq.mmq_pipeline.
+             phases: tuple[str, ...] | None = None, expert: bool = False):
+    """(the compiled kernel, output rows and tokens one workgroup covers), as kernels_mmq.mmq_pipeline
+    (`expert`: tiles of pairs routed to one expert of a bank, kernels_moe's grouped path).
     `phases` without "convert" or "products" leaves that part out (wrong results: for timing it)."""
     pair = pair_act is not None
     if pair_act not in (None, "silu", "gelu"):  # no table GELU here (kernels_mmq.pairs_act)
@@ -223,6 +224,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
         "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
         "CONVERT": str("convert" in phases).lower(), **gen,
+        "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)
     return pipe, (tile.BN // 2 if pair else tile.BN), tile.BT

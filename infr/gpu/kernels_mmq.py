@@ -259,12 +259,12 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
     """(the compiled kernel for `qtype`: plain, gate||up with `pair_act` or
     the q|k|v split; the output rows and the tokens one workgroup covers).
     An MmaTile builds the tensor-core kernel (kernels_mma) on the same bindings. `expert`: tiles
-    of pairs routed to one expert of a bank (kernels_moe's grouped path; int8 tiles only). `K`: the
+    of pairs routed to one expert of a bank (kernels_moe's grouped path). `K`: the
     rows' width, which the stages must divide (None: the tile's as resolved)."""
     if isinstance(tile, KMA.MmaTile):
         if K is not None and K % (32 * tile.SUB):
             raise ValueError(f"tensor-core tile {tile.spec} stages {32 * tile.SUB} values; rows of {K} are not whole stages")
-        return KMA.pipeline(kernels, KM.wgsl_name(qtype), tile, pair_act, split)
+        return KMA.pipeline(kernels, KM.wgsl_name(qtype), tile, pair_act, split, expert=expert)
     t = tile.resolved(kernels.dev, READERS[Q(int(qtype))])
     if K is not None:
         t = t.fit_k(K)

@@ -14,7 +14,8 @@ Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
 Small batches run the same kernels, a workgroup per pair (each reads its own expert's rows).
 Batches that the dense matmuls run as int8 GEMMs (kernels_mmq.use_mmq) group the pairs by expert
 on the GPU (wgsl/moe_group.wgsl: a count and a scatter) and run one tiled GEMM per bank over all
-groups (gemm_mmq.wgsl with mmq_expert_on.wgsl), llama.cpp's MUL_MAT_ID; each output row is still
+groups (gemm_mmq.wgsl with mmq_expert_on.wgsl; on tensor-core devices gemm_mma.wgsl with the same
+expert tiles), llama.cpp's MUL_MAT_ID; each output row is still
 computed alone, so a row's result does not depend on which rows share its expert. Banks are uploaded by
 expert ranges that each fit one storage binding (upload_bank); a kernel runs once per range,
 its pairs routed elsewhere leaving at once.
@@ -27,6 +28,7 @@ import numpy as np
 from infr.errors import UnsupportedError
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
@@ -209,9 +211,14 @@ class Groups:
         self.tiles = scratch(f"tiles{bt}", 16 * self.max_tiles)
 
 
-def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False) -> KMQ.MmqTile:
-    """The int8 GEMM's tile for the grouped product (never the tensor-core one, whose kernel has no
-    expert tiles)."""
+def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False,
+                 E: int | None = None) -> KMQ.MmqTile | KMA.MmaTile:
+    """The grouped product's tile: the tensor cores' where the device has them (kernels_mma), their
+    token tile padding an expert's share of the A pairs (A / E: a tile holds one expert's) least;
+    else the int8 GEMM's."""
+    mma = KMA.tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair)
+    if mma is not None:
+        return mma
     return KMQ.device_tuning(kernels.dev).tile_for(kernels.dev, q, N, A, pair)
 
 
@@ -360,10 +367,10 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     k, m, T = lower.k, op.spec, lower.rows
     n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
     A = T * K
-    tile_up = grouped_tile(k, tensors[0].qtype, H, A, pair=True)
-    tile_down = grouped_tile(k, tensors[-1].qtype, n_in, A)
-    if _table_act(m):  # gate and up apart (the single tile's BT groups both), then the table GELU
-        tile_up = tile_half = grouped_tile(k, tensors[0].qtype, H, A)
+    E = m.n_expert
+    # the table GELU: gate and up apart (one tile's BT groups both), then gated_gelu_f16
+    tile_up = grouped_tile(k, tensors[0].qtype, H, A, pair=not _table_act(m), E=E)
+    tile_down = grouped_tile(k, tensors[-1].qtype, n_in, A, E=E)
     groups = {bt: Groups(scratch, m.n_expert, A, bt) for bt in {tile_up.BT, tile_down.BT}}
     ds = [group_dispatch(k, ids, g, m.n_expert, A) for g in groups.values()]
     if _table_act(m):
@@ -371,7 +378,7 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
         for i, dst in enumerate((g, u)):
             bank = chunks[0] if m.fused_gate_up else chunks[i]
             ds += grouped_matmul(k, tensors[0 if m.fused_gate_up else i].qtype, n_in, H, bank, xq, dst, A,
-                                 groups[tile_half.BT], tile_half, x_div, half=i if m.fused_gate_up else None)
+                                 groups[tile_up.BT], tile_up, x_div, half=i if m.fused_gate_up else None)
         ds.append(KS.gated_dispatch(k, g, u, act, A * H, m.activation))
     else:
         ds += grouped_matmul(k, tensors[0].qtype, n_in, H, chunks[0], xq, act, A, groups[tile_up.BT], tile_up,

@@ -269,6 +269,25 @@ class Recording:
                 set_bind_group(h, 0, bg, 0, null)
                 dispatch(h, x, y, z)
 
+    def encode_passes(self, enc, times: int = 1, timer=None) -> None:
+        """Encode into `enc`: one pass, or with a per-pass profiler timer each dispatch in a pass of
+        its own between two timestamps (Dawn's profile)."""
+        if timer is None or not timer.per_pass:
+            cpass = enc.begin_compute_pass()
+            self.encode(cpass, times, timer)
+            cpass.end()
+            return
+        for _ in range(times):
+            for d in self.dispatches:
+                b = timer.take(d, first=True)
+                cpass = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": timer.query_set, "beginning_of_pass_write_index": b,
+                    "end_of_pass_write_index": timer.take(d)})
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, d.bind_group)
+                cpass.dispatch_workgroups(*d.groups)
+                cpass.end()
+
     def _encode_timed(self, cpass, times: int, timer) -> None:
         qs = timer.query_set
         cpass._write_timestamp(qs, timer.take(self.dispatches[0] if self.dispatches else None, first=True))

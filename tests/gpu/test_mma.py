@@ -15,12 +15,14 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from test_mmq_types import _check as mmq_check
 from test_mmq_types import _nan, _want  # tests/gpu is on sys.path (prepend import mode)
+from test_moe_gpu import _grouped_case, _grouped_pair_case
 from test_quant_kernels import make_weight
 
 from infr.cpu import ops as F
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
+from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import read, run, storage
 from infr.models.spec import Activation
@@ -101,13 +103,33 @@ def test_type_matches_reference(mma, kernels, qtype):
         first += n
 
 
+GROUPED = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0]
+
+
+@pytest.mark.parametrize("qtype", GROUPED, ids=[q.name.lower() for q in GROUPED])
+def test_grouped_experts_on_the_tensor_cores(mma, kernels, qtype):
+    """kernels_moe's grouped expert products (MUL_MAT_ID) with this kernel's expert tiles, on each
+    default tile: plain (rows of 704 for the 32-value types, as Gemma 4 26B's down) and, for Q4_K,
+    the gate||up pair from two banks and from one fused bank (f16 products: a looser bound)."""
+    K = 256 if qtype in (Q.Q4_K, Q.Q6_K) else 704
+    for tile in KMA.TILES:
+        _grouped_case(mma, kernels, qtype, False, K, tile=tile, tol=TOL)
+        if qtype == Q.Q4_K:
+            for fused in (False, True):
+                _grouped_pair_case(mma, kernels, fused, tile=tile, rtol=4e-3)
+
+
 def test_engine_picks_the_tensor_cores(mma, kernels):
     """Where the device has them, a prompt batch's matmul is this kernel (by tile), and INFR_MMA=0 keeps mmq."""
     from infr.gpu import tuning
 
     assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMA.MmaTile)
+    # Qwen3-30B-A3B's pp512: 4096 pairs over 128 experts, 32 an expert: the 32-token tile
+    grouped = KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128)
+    assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32
     with tuning.override(mma=KMA.MmaTuning(on=False)):
         assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMQ.MmqTile)
+        assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
 
 
 def test_tuning_reads_the_environment_and_picks_tiles():

@@ -292,7 +292,9 @@ def test_grouped_expert_gemm_rows_of_704(gpu, kernels, q):
     _grouped_case(gpu, kernels, q, False, 704)
 
 
-def _grouped_case(gpu, kernels, q, split: bool, K: int) -> None:
+def _grouped_case(gpu, kernels, q, split: bool, K: int, tile=None, tol: float = TOL) -> None:
+    """Plain grouped products of a bank of 7 experts (E = 45 rows of K) over 70 tokens x 2 slots
+    against quantize_q8(x) @ W_e.T per pair, on the engine's tile or `tile` (test_mma.py's)."""
     rng = np.random.default_rng(int(q) + 100 + K)
     E, N, T, k = 7, 45, 70, 2
     A = T * k
@@ -303,7 +305,7 @@ def _grouped_case(gpu, kernels, q, split: bool, K: int) -> None:
     ids = _grouped_pairs(rng, T, E)
     x = rng.standard_normal((T, K)).astype(np.float32)
     d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, T, into=storage(gpu, 4 * T * KQ.words(K)))
-    tile = KMoE.grouped_tile(kernels, q, N, A)
+    tile = tile or KMoE.grouped_tile(kernels, q, N, A)
     scratch = KMoE.Scratch(gpu)
     g = KMoE.Groups(scratch, E, A, tile.BT)
     y = storage(gpu, np.full((A, N), np.nan, np.float32))
@@ -318,11 +320,16 @@ def _grouped_case(gpu, kernels, q, split: bool, K: int) -> None:
     scale = np.linalg.norm(xi, axis=1)[:, None] * np.linalg.norm(W[ids], axis=2)
     assert not np.isnan(got).any(), "some outputs were never written"
     err = float(np.max(np.abs(got - want) / scale))
-    assert err < TOL, f"{q.name}: error {err:.3g}"
+    assert err < tol, f"{q.name}: error {err:.3g}"
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-banks", "fused-gate-up"])
 def test_grouped_gate_up_pair(gpu, kernels, fused):
+    _grouped_pair_case(gpu, kernels, fused)
+
+
+def _grouped_pair_case(gpu, kernels, fused: bool, tile=None, rtol: float = 1e-4) -> None:
+    """silu(gate) * up of every pair, grouped, from two banks or one fused gate_up bank."""
     rng = np.random.default_rng(11)
     q, E, N, T, k, K = Q.Q4_K, 6, 40, 50, 2, 256
     A = T * k
@@ -339,7 +346,7 @@ def test_grouped_gate_up_pair(gpu, kernels, fused):
     ids = _grouped_pairs(rng, T, E)
     x = rng.standard_normal((A, K)).astype(np.float32)  # each pair its own row (x_div 1)
     d, xq = KQ.quantize_dispatch(kernels, storage(gpu, x), K, A, into=storage(gpu, 4 * A * KQ.words(K)))
-    tile = KMoE.grouped_tile(kernels, q, N, A, pair=True)
+    tile = tile or KMoE.grouped_tile(kernels, q, N, A, pair=True)
     g = KMoE.Groups(KMoE.Scratch(gpu), E, A, tile.BT)
     y = storage(gpu, np.full((A, N), np.nan, np.float32))
     run(gpu, [d, KMoE.group_dispatch(kernels, _u32(gpu, ids), g, E, A)]
@@ -348,7 +355,7 @@ def test_grouped_gate_up_pair(gpu, kernels, fused):
     xi = quantize_q8(x).astype(np.float64)
     gate = np.einsum("ank,ak->an", Wg[ids], xi)
     want = _silu(gate) * np.einsum("ank,ak->an", Wu[ids], xi)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
 
 
 def test_grouped_halves_of_a_fused_bank(gpu, kernels):

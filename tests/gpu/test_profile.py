@@ -1,4 +1,5 @@
-"""The profiler: GPU time per dispatch from timestamps inside the pass, labelled and aggregated."""
+"""The profiler: GPU time per dispatch from timestamps inside the pass (or around a pass per
+dispatch), labelled and aggregated."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ def tiny(tmp_path_factory):
     return synth.write_gguf(spec, tmp_path_factory.mktemp("profile") / "tiny.gguf")
 
 
-def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny):
+@pytest.mark.parametrize("per_pass", [False, True], ids=["in-pass", "pass-per-dispatch"])
+def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny, per_pass):
+    """Timestamps inside the pass (wgpu-native), and a pass per dispatch between pass timestamps
+    (what Dawn has; forced here on lavapipe): the same dispatches timed, the same tokens."""
     from infr.gpu.backend import GPUBackend
 
     if not gpu.has("timestamp-query-inside-passes"):
@@ -31,8 +35,9 @@ def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny):
     be = GPUBackend(gf, build_plan(build_spec(gf)), 64, dev=gpu)
     be.forward([1, 2, 3], 0)
     per_token = len(be._multi_step(1, False))
-    with profile.profile() as p:
+    with profile.profile(per_pass=per_pass) as p:
         be.decode_greedy(5, 3, 10, per_submit=4)  # three submits: 4 + 4 + 2 steps
+        assert profile.timer_for(gpu).per_pass == per_pass
     res = p.result
     assert res.tokens == 10
     assert res.dispatches == 10 * per_token  # every dispatch of every step timed, none twice

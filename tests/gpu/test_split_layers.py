@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from closeness import greedy_tokens
+from closeness import NEAR_TIE, assert_follows_greedy, greedy_tokens
 
 from infr.errors import UnsupportedError
 from infr.gpu.backend import GPUBackend
@@ -97,7 +97,9 @@ def test_engine_steps_two_sequences_equal_one_device(pair):
     prompts = _prompts(name)
     split = _engine_run(two, prompts)
     assert split == _engine_run(one, prompts), name
-    assert split[0] == _reference(name, one.backend, prompts[0]), name
+    # against forward() alone: other row counts take other kernels (since the int8 GEMM takes rows of
+    # whole 64s, Gemma 3 270m's 640), whose sums pick either token of a near-tie (0.06 at its 2nd token)
+    assert_follows_greedy(one.backend, prompts[0], split[0], tie=NEAR_TIE)
 
 
 def test_greedy_tokens_equal_one_device(pair):
