@@ -110,6 +110,7 @@ class MmaTuning:
     tiles: tuple[MmaTile, ...] = TILES
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
+    experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; see EXPERTS)
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -123,6 +124,8 @@ class MmaTuning:
             t = replace(t, min_groups=int(env["INFR_MMA_MIN_GROUPS"]))
         if env.get("INFR_MMA_PLAIN_MIN_T"):
             t = replace(t, plain_min_t=int(env["INFR_MMA_PLAIN_MIN_T"]))
+        if env.get("INFR_MMA_EXPERTS") in ("0", "1"):
+            t = replace(t, experts=env["INFR_MMA_EXPERTS"] == "1")
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
@@ -156,6 +159,17 @@ def keeps_gemv(dev, T: int) -> bool:
     cores (MmaTuning.plain_min_t; gate||up pairs take the tiles from kernels_mmq's min_t)."""
     t = TU.current().mma
     return t.on and T < t.plain_min_t and available(dev)
+
+
+# The grouped expert products (MUL_MAT_ID) on these tiles are checked against the reference on an
+# H100 (tests/gpu/test_mma.py::test_grouped_experts_on_the_tensor_cores) but not yet timed against
+# the int8 GEMM's expert tiles end to end, so they stay opt-in (MmaTuning.experts) until they are.
+
+
+def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+    """tile_for, for grouped expert products (T: the tokens one expert's tile holds), where the
+    tuning takes them onto the tensor cores; else None."""
+    return tile_for(dev, n_out, T, extra, pair) if TU.current().mma.experts else None
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:

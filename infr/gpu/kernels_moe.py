@@ -14,8 +14,8 @@ Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
 Small batches run the same kernels, a workgroup per pair (each reads its own expert's rows).
 Batches that the dense matmuls run as int8 GEMMs (kernels_mmq.use_mmq) group the pairs by expert
 on the GPU (wgsl/moe_group.wgsl: a count and a scatter) and run one tiled GEMM per bank over all
-groups (gemm_mmq.wgsl with mmq_expert_on.wgsl; on tensor-core devices gemm_mma.wgsl with the same
-expert tiles), llama.cpp's MUL_MAT_ID; each output row is still
+groups (gemm_mmq.wgsl with mmq_expert_on.wgsl; with INFR_MMA_EXPERTS=1 on tensor-core devices
+gemm_mma.wgsl with the same expert tiles), llama.cpp's MUL_MAT_ID; each output row is still
 computed alone, so a row's result does not depend on which rows share its expert. Banks are uploaded by
 expert ranges that each fit one storage binding (upload_bank); a kernel runs once per range,
 its pairs routed elsewhere leaving at once.
@@ -213,10 +213,10 @@ class Groups:
 
 def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False,
                  E: int | None = None) -> KMQ.MmqTile | KMA.MmaTile:
-    """The grouped product's tile: the tensor cores' where the device has them (kernels_mma), their
-    token tile padding an expert's share of the A pairs (A / E: a tile holds one expert's) least;
-    else the int8 GEMM's."""
-    mma = KMA.tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair)
+    """The grouped product's tile: the tensor cores' where the device has them and the tuning takes
+    expert products there (kernels_mma.expert_tile_for), their token tile padding an expert's share
+    of the A pairs (A / E: a tile holds one expert's) least; else the int8 GEMM's."""
+    mma = KMA.expert_tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair)
     if mma is not None:
         return mma
     return KMQ.device_tuning(kernels.dev).tile_for(kernels.dev, q, N, A, pair)

@@ -124,18 +124,23 @@ def test_engine_picks_the_tensor_cores(mma, kernels):
     from infr.gpu import tuning
 
     assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMA.MmaTile)
-    # Qwen3-30B-A3B's pp512: 4096 pairs over 128 experts, 32 an expert: the 32-token tile
-    grouped = KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128)
-    assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32
+    # grouped experts only with MmaTuning.experts (INFR_MMA_EXPERTS=1): Qwen3-30B-A3B's pp512, 4096
+    # pairs over 128 experts, 32 an expert, takes the 32-token tile
+    assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
+    with tuning.override(mma=KMA.MmaTuning(experts=True)):
+        grouped = KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128)
+        assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32
     with tuning.override(mma=KMA.MmaTuning(on=False)):
         assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMQ.MmqTile)
         assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
 
 
 def test_tuning_reads_the_environment_and_picks_tiles():
-    """INFR_MMA=0 turns the kernel off; INFR_MMA_TILES replaces the list; a tile that does not fit the
-    device's workgroup memory, or a pair tile with an odd number of row matrices, is passed over."""
+    """INFR_MMA=0 turns the kernel off, INFR_MMA_EXPERTS=1 takes grouped experts there; INFR_MMA_TILES
+    replaces the list; a tile that does not fit the device's workgroup memory, or a pair tile with an
+    odd number of row matrices, is passed over."""
     assert not KMA.MmaTuning.from_env({"INFR_MMA": "0"}).on
+    assert not KMA.MmaTuning.from_env({}).experts and KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1"}).experts
     t = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4 32,32,2,1,1,0"})
     assert [x.spec for x in t.tiles] == ["64,128,2,2,4,8", "32,32,2,1,1,0"]
 
