@@ -381,3 +381,26 @@ def test_grouped_halves_of_a_fused_bank(gpu, kernels):
         got = read(gpu, ys[h], np.float32, A * N).reshape(A, N)
         want = np.einsum("ank,ak->an", W[ids][:, h * N:(h + 1) * N], xi)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"half {h}")
+
+
+def test_grouped_timing_script_runs(gpu, tmp_path):
+    """perf/moe_grouped_time.py (the grouped products per tile, no GGUF written) at a small scale:
+    both products timed on each tile asked for, the auto one the engine's pick."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "grouped.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "perf/moe_grouped_time.py", "--scale", "8", "--T", "32", "--reps", "1",
+                           "--mmq", "auto 64,32,4,4", "--out", str(out)], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["results"]
+    # at scale 8 both widths are 256 (Q6_K's down rows keep whole blocks), 32 tokens x 8 = 256 pairs
+    tuning = KMQ.device_tuning(gpu)
+    auto = {"gate_up": tuning.tile_for(gpu, Q.Q4_K, 256, 256, True), "down": tuning.tile_for(gpu, Q.Q6_K, 256, 256)}
+    assert sorted((r["product"], r["tile"]) for r in rows) == sorted(
+        (p, t.spec) for p in ("gate_up", "down") for t in (auto[p], KMQ.MmqTile(64, 32, 4, 4)))
+    assert all(r["ms"] > 0 and r["kernel"] == "int8" for r in rows)
