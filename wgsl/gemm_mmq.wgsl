@@ -38,7 +38,8 @@
 // tile (gelu_f16: its table at binding 11). SPLIT (the fused q|k|v): store_split of gemv_split.wgsl. Params and
 // the row epilogue come from matmul_common.wgsl (x_stride: vec4 between
 // tokens of xq). Rows past N and tokens past T read row N - 1 / token T - 1
-// and are not stored. K % 256 == 0 (quantize_q8's layout). Dispatch
+// and are not stored. K % (32 SUB) == 0 (kernels_mmq.MmqTile.fit_k; quantize_q8's layout needs
+// whole 64s). Dispatch
 // (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1). EXPERT (mmq_expert_on.wgsl): the tiles are
 // groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
 

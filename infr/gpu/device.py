@@ -23,7 +23,8 @@ from infr.errors import InfrError
 
 WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes", "pipeline-cache")
 FLAVORS = {"wgpu": "wgpu", "dawn": "wgpudawn"}  # implementation -> its wgpu-py API module
-# Dawn's names for infr's features; its in-pass timestamps are another API, so the profiler stays wgpu's.
+# Dawn's names for infr's features; its in-pass timestamps are another API, so its profiles put each
+# dispatch in a pass of its own between pass timestamps (infr.gpu.profile.Timer.per_pass).
 _DAWN_FEATURES = {"subgroup": "subgroups", "shader-f16": "shader-f16", "timestamp-query": "timestamp-query",
                   "subgroup-matrix": "chromium-experimental-subgroup-matrix"}
 # Instance toggles for Dawn: experimental features (subgroup matrices), f16 on NVIDIA's Vulkan
