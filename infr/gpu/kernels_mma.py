@@ -110,7 +110,7 @@ class MmaTuning:
     tiles: tuple[MmaTile, ...] = TILES
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
-    experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; see EXPERTS)
+    experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; expert_tile_for)
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
