@@ -70,38 +70,9 @@ def tensor_types(path: Path) -> dict:
 
 
 def gpu_diagnostics(be) -> dict:
-    """Host cost of encoding a decode step, and where its GPU time goes."""
-    from infr.gpu.runtime import Recording
-
-    step = be._decode_step()
-    enc = be.dev.device.create_command_encoder()
-    cpass = enc.begin_compute_pass()
-    t0 = time.perf_counter()
-    step.encode(cpass, times=20)
-    host_us = (time.perf_counter() - t0) / 20 * 1e6
-    cpass.end()
-    enc.finish()
-
-    def gpu_ms(rec: Recording, n: int = 32) -> float:
-        enc = be.dev.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        rec.encode(cp, times=n)
-        cp.end()
-        t0 = time.perf_counter()
-        be.dev.device.queue.submit([enc.finish()])
-        be.dev.device.queue.read_buffer(be.state, 0, 16)  # waits for the GPU
-        return (time.perf_counter() - t0) / n * 1e3
-
-    be.forward([1], 0)
-    gemv_only = Recording([d for d in step.dispatches if d.label.startswith(("gemv", "matmul"))])
-    return {
-        "gpu_time_split": {"step_ms": gpu_ms(step), "matmuls_only_ms": gpu_ms(gemv_only),
-                           "n_matmul_dispatches": len(gemv_only)},
-        "pipeline_compile_seconds": be.kern.compile_seconds,
-        "vram_bytes": be.vram,
-        "dispatches_per_token": len(step),
-        "host_encode_us_per_token": host_us,
-    }
+    """What the GPU side holds after the run (where its time goes: INFR_PROFILE with infr.bench)."""
+    return {"vram_bytes": be.vram, "pipeline_compile_seconds": be.kern.compile_seconds,
+            "max_storage_binding_bytes": be.dev.max_binding}
 
 
 BACKENDS = os.environ.get("COMPARE_BACKENDS", "gpu").split(",")
