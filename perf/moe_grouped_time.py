@@ -6,8 +6,8 @@ of a real model's shape, without writing its GGUF (a 17 GB file takes minutes on
     python3 perf/moe_grouped_time.py --model gemma4-26b-a4b --T 512 --mmq "128,64,4,8 64,32,4,4" --mma ""
     python3 perf/moe_grouped_time.py --scale 8 --T 64 --mma ""        # lavapipe smoke run
 
-Per layer: gate||up (silu pair; gemma4's table GELU runs gate and up apart, timed as two plain
-products) from the rounded rows, and down from the rounded activations, over T tokens x n_used pairs
+Per layer: gate||up (the pair: silu, or gemma4's table GELU; for gemma4 also "gate+up", the two
+halves as plain products, as the engine ran them before stop 31, without its gated_gelu_f16 pass) from the rounded rows, and down from the rounded activations, over T tokens x n_used pairs
 routed uniformly at random (each expert's share about T n_used / E pairs). Random valid blocks in the
 model's Q4_K_M-mix types; the grouping dispatch runs once before the timed products. Each tile is
 timed over --reps repetitions in one pass (perf/timing.seconds_per_rep); the rate is TOPS, 2 x
@@ -31,6 +31,7 @@ from gemm_bench import random_rows  # perf/ is on sys.path (the script's directo
 from gguf import GGMLQuantizationType as Q
 from timing import seconds_per_rep
 
+from infr.errors import UnsupportedError
 from infr.gguf_file import Tensor
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
@@ -103,25 +104,25 @@ def main() -> None:
         if which == "down":
             ds += KMoE.grouped_matmul(kern, q_down, H, n_embd, chunks["down"], aq, y_down, A, g, tile)
             return ds, A * n_embd * H
-        if table:  # gate and up apart, each half of the fused bank
+        if which == "gate+up":  # gate and up apart, each half of the fused bank
             for h in (0, 1):
                 ds += KMoE.grouped_matmul(kern, q_up, n_embd, H, chunks["gate_up"], xq, y_up, A, g, tile, x_div=k,
                                           half=h)
         else:
             ds += KMoE.grouped_matmul(kern, q_up, n_embd, H, chunks["gate_up" if fused else "gate"], xq, y_up, A,
-                                      g, tile, x_div=k, act=Activation.SILU,
+                                      g, tile, x_div=k, act=Activation.GELU_F16 if table else Activation.SILU,
                                       chunks2=None if fused else chunks["up"], fused=fused)
         return ds, 2 * A * H * n_embd
 
     kinds = [("int8", KMQ.MmqTile.parse, args.mmq)] + ([("mma", KMA.MmaTile.parse, args.mma)] if mma_on else [])
-    for which in ("gate_up", "down"):
-        pair = which == "gate_up" and not table
+    for which in ("gate_up",) + (("gate+up",) if table else ()) + ("down",):
+        pair = which == "gate_up"
         for kind, parse, spec in kinds:
             if not spec:
                 continue
             N = n_embd if which == "down" else H
             if kind == "int8":
-                auto = KMQ.device_tuning(dev).tile_for(dev, q_down if which == "down" else q_up, N, A, pair)
+                auto = KMQ.device_tuning(dev).expert_tile_for(dev, q_down if which == "down" else q_up, N, A, E, pair)
             else:
                 auto = KMA.tile_for(dev, N, -(-A // E), 0, pair)
             for tile in _tiles(spec, parse, auto):
@@ -129,7 +130,7 @@ def main() -> None:
                     continue
                 try:
                     ds, macs = products(tile, which)
-                except (ValueError, RuntimeError) as e:  # a tile this device cannot hold
+                except (ValueError, RuntimeError, UnsupportedError) as e:  # a tile this device cannot hold
                     print(f"  {which:8} {kind} {tile.spec}: skipped ({e})", flush=True)
                     continue
                 sec = seconds_per_rep(dev, [ds], args.reps, y_down if which == "down" else y_up)

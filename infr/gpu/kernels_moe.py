@@ -215,11 +215,11 @@ def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False,
                  E: int | None = None) -> KMQ.MmqTile | KMA.MmaTile:
     """The grouped product's tile: the tensor cores' where the device has them and the tuning takes
     expert products there (kernels_mma.expert_tile_for), their token tile padding an expert's share
-    of the A pairs (A / E: a tile holds one expert's) least; else the int8 GEMM's."""
+    of the A pairs (A / E: a tile holds one expert's) least; else the int8 GEMM's (MmqTuning.expert_tile_for)."""
     mma = KMA.expert_tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair)
     if mma is not None:
         return mma
-    return KMQ.device_tuning(kernels.dev).tile_for(kernels.dev, q, N, A, pair)
+    return KMQ.device_tuning(kernels.dev).expert_tile_for(kernels.dev, q, N, A, E or 1, pair)
 
 
 def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: int, g: Groups, tile,
@@ -243,7 +243,8 @@ def grouped_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, xq, y, A: in
     for i, (buf, e0, n) in enumerate(chunks):
         w2 = (buf if fused else chunks2[i][0]) if pair else None
         ep = _experts(kernels, e0, n, stride, stride, base, base2, x_div)
-        bind = kernels.bind(pipe, [p, buf, xq, y, none, none, w2, None, ep, g.order, g.tiles])
+        res = [p, buf, xq, y, none, none, w2, None, ep, g.order, g.tiles]
+        bind = kernels.bind(pipe, KM.pair_resources(kernels, res, act) if pair else res)
         groups = (-(-N // rows_wg), g.max_tiles, 1)
         label = f"mmq_{KM.wgsl_name(q)}_expert{'_gate_up' if pair else ''} {N}x{K}"
         out.append(Dispatch(pipe, bind, groups, label, N * rb * (2 if pair else 1)))
@@ -263,10 +264,26 @@ def _grouped(kernels: Kernels, T: int, op: MoE, tensors, chunks) -> bool:
 
 
 def _table_act(m: MoESpec) -> bool:
-    """gemma4's table GELU: the grouped gate||up pair would bind 9 storage buffers with the table, so
-    grouped batches run gate and up as two grouped products and gated_gelu_f16 (the GEMV's pair,
-    expert_pair, takes the table itself)."""
+    """gemma4's table GELU (numerics.gelu_f16_table), which the pair kernels bind as one more buffer."""
     return m.activation is Activation.GELU_F16
+
+
+# The grouped gate||up pair with the table GELU reads w, xq, y, bias, resid, w2, order, tiles and
+# the table: a device allowing fewer storage buffers a stage (WebGPU's default is 8) runs gate and
+# up as two grouped products and gated_gelu_f16.
+TABLE_PAIR_BUFFERS = 9
+
+
+def _pair_tile(kernels: Kernels, m: MoESpec, q, H: int, A: int, E: int):
+    """The grouped gate||up product's tile, or None where gate and up run apart: the table GELU on a
+    device short of storage bindings, or on the tensor cores' tiles (kernels_mma has no table GELU).
+    The pair stages the tokens' rows once for both halves and needs no gated_gelu_f16 pass."""
+    if _table_act(m):
+        limit = int(kernels.dev.limits.get("max-storage-buffers-per-shader-stage", 8))
+        if limit < TABLE_PAIR_BUFFERS:
+            return None
+    tile = grouped_tile(kernels, q, H, A, pair=True, E=E)
+    return None if _table_act(m) and isinstance(tile, KMA.MmaTile) else tile
 
 
 def _same_ranges(a, b) -> bool:
@@ -368,12 +385,13 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
     A = T * K
     E = m.n_expert
-    # the table GELU: gate and up apart (one tile's BT groups both), then gated_gelu_f16
-    tile_up = grouped_tile(k, tensors[0].qtype, H, A, pair=not _table_act(m), E=E)
+    tile_pair = _pair_tile(k, m, tensors[0].qtype, H, A, E)
+    # else gate and up apart (one tile's BT groups both), then gated_gelu_f16
+    tile_up = tile_pair or grouped_tile(k, tensors[0].qtype, H, A, E=E)
     tile_down = grouped_tile(k, tensors[-1].qtype, n_in, A, E=E)
     groups = {bt: Groups(scratch, m.n_expert, A, bt) for bt in {tile_up.BT, tile_down.BT}}
     ds = [group_dispatch(k, ids, g, m.n_expert, A) for g in groups.values()]
-    if _table_act(m):
+    if tile_pair is None:
         g, u = scratch("g", 4 * A * H), scratch("u", 4 * A * H)
         for i, dst in enumerate((g, u)):
             bank = chunks[0] if m.fused_gate_up else chunks[i]

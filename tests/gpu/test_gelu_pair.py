@@ -198,8 +198,8 @@ def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, chan
     assert sum(lb.startswith("gemv_q8_0_expert_gate_up") for lb in labels) == (n_layers if experts else 0)
     T = KMQ.MMQ_MIN_T
     prompt_labels = _labels(g, T)
-    # grouped experts run gate and up apart, then gated_gelu_f16 (test_tiny_gemma4_moe_prompt_takes...)
-    assert prompt_labels.count("gated_gelu_f16") == (n_layers if ple or experts else 0)
+    # grouped experts take the pair too (test_tiny_gemma4_moe_prompt_takes_the_grouped_experts)
+    assert prompt_labels.count("gated_gelu_f16") == (n_layers if ple else 0)
     assert sum(lb.startswith("mmq_q8_0_gate_up") for lb in prompt_labels) == n_layers
     prompt = np.random.default_rng(5).integers(0, plan.spec.n_vocab, T).tolist()
     first = int(np.argmax(g.forward(prompt, 0)[-1]))
@@ -209,17 +209,21 @@ def test_tiny_gemma4_decodes_through_the_fused_pairs(gpu, tmp_path, preset, chan
 
 
 @pytest.mark.parametrize("n_ff_exp", [256, 192], ids=["experts-of-256", "experts-of-192"])
-def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path, n_ff_exp):
+def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path, n_ff_exp, monkeypatch):
     """Experts of 256-value rows, and of 192 (down rows not whole 256s, as the 26B's 704): a prompt
-    batch runs them as grouped int8 GEMMs (gate and up apart, then the table GELU; each expert's
-    output scale in the combine), not one GEMV row a pair; greedy tokens the CPU reference's."""
+    batch runs them as grouped int8 GEMMs (the gate||up pair with the table GELU, then down; each
+    expert's output scale in the combine), not one GEMV row a pair; greedy tokens the CPU reference's.
+    With the device's storage bindings below the pair's (TABLE_PAIR_BUFFERS), gate and up apart and
+    gated_gelu_f16: the same tokens."""
     spec = replace(synth.PRESETS["tiny-gemma4-moe"], weight_type="Q8_0", n_embd=256, n_ff_exp=n_ff_exp)
     gf = open_gguf(synth.write_gguf(spec, tmp_path / f"moe{n_ff_exp}.gguf"))
     plan = build_plan(build_spec(gf))
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     T, n_layers = KMQ.MMQ_MIN_T, plan.spec.n_layers
     labels = _labels(g, T)
-    assert sum(lb.startswith("mmq_q8_0_expert ") for lb in labels) == 3 * n_layers  # gate, up, down
+    assert sum(lb.startswith("mmq_q8_0_expert_gate_up ") for lb in labels) == n_layers
+    assert sum(lb.startswith("mmq_q8_0_expert ") for lb in labels) == n_layers  # down
+    assert "gated_gelu_f16" not in labels
     assert sum(lb.startswith("moe_group") for lb in labels) >= n_layers
     assert not any(lb.startswith("gemv_q8_0_expert") for lb in labels)
     prompt = np.random.default_rng(6).integers(0, plan.spec.n_vocab, T).tolist()
@@ -227,3 +231,11 @@ def test_tiny_gemma4_moe_prompt_takes_the_grouped_experts(gpu, tmp_path, n_ff_ex
     got = [first] + g.decode_greedy(first, len(prompt), 8)
     assert_follows_greedy(c, prompt, got)
     assert len(set(got)) > 2
+    short = dict(g.dev.limits, **{"max-storage-buffers-per-shader-stage": KMoE.TABLE_PAIR_BUFFERS - 1})
+    monkeypatch.setattr(g.dev, "limits", short)
+    g2 = GPUBackend(gf, plan, 64)
+    labels = _labels(g2, T)
+    assert sum(lb.startswith("mmq_q8_0_expert ") for lb in labels) == 3 * n_layers  # gate, up, down
+    assert labels.count("gated_gelu_f16") == n_layers
+    first2 = int(np.argmax(g2.forward(prompt, 0)[-1]))
+    assert [first2] + g2.decode_greedy(first2, len(prompt), 8) == got
