@@ -146,6 +146,16 @@ class MmqTile:
 TILES = (MmqTile(128, 64, 4, 8, UNCHECKED=1), MmqTile(64, 64, 4, 4, UNCHECKED=1), MmqTile(64, 32, 4, 2, UNCHECKED=1))
 
 
+# Grouped expert products where an expert gets few pairs (EXPERT_FEW_MAX_T or fewer on average, a tile's
+# worth) may take tiles of their own (INFR_MMQ_EXPERT_FEW; one grouping pass serves both products, so
+# gate||up and down alike). None by default: on the H100 through Dawn at 512 tokens (32 pairs an expert),
+# 128 x 32 tiles against the grid rule's 128 x 64 took Gemma 4 26B-A4B's pp512 from 5241.5 to 5413.0 /
+# 5396.4 t/s but Qwen3-30B-A3B's from 5733.6 to 5622.0 / 5473.7 (its down products, Q4_K / Q6_K of 768,
+# were slower: 0.750 / 0.664 vs 0.705 / 0.642 ms a layer; perf/moe_grouped_time.py, perf/README stop 31).
+EXPERT_FEW_TILES: tuple = ()
+EXPERT_FEW_MAX_T = 48
+
+
 def _tiles(spec: str) -> tuple[MmqTile, ...]:
     return tuple(MmqTile.parse(s) for s in spec.split())
 
@@ -161,12 +171,15 @@ class MmqTuning:
     tiles: tuple[MmqTile, ...] = TILES
     per_type: tuple[tuple[str, tuple[MmqTile, ...]], ...] = ()  # ("Q6_K", tiles), ...
     min_groups: int = MIN_GROUPS
+    expert_few: tuple[MmqTile, ...] = EXPERT_FEW_TILES  # (): the grid rule for those products too (default)
+    expert_few_max_t: int = EXPERT_FEW_MAX_T
 
     @classmethod
     def from_env(cls, env=None) -> MmqTuning:
         """INFR_MMQ_MIN_T (0: never), INFR_MMQ_TILES ("BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."),
         INFR_MMQ_TILES_<TYPE> (one type's list), INFR_MMQ_MIN_GROUPS, INFR_MMQ_UNCHECKED=0|1 (every
-        tile), and INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH: one tile for every product."""
+        tile), INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH: one tile for every product, and
+        INFR_MMQ_EXPERT_FEW (tiles of grouped expert products of few pairs an expert; "none": none, the default)."""
         env = os.environ if env is None else env
         get = lambda k: env.get(f"INFR_MMQ_{k}") or None
         t = cls()
@@ -181,17 +194,30 @@ class MmqTuning:
             t = replace(t, tiles=(replace(t.tiles[0], **pins),))
         t = replace(t, per_type=tuple(sorted((Q[k[len("INFR_MMQ_TILES_"):].upper()].name, _tiles(v))
                                              for k, v in env.items() if k.startswith("INFR_MMQ_TILES_") and v)))
+        if get("EXPERT_FEW"):
+            t = replace(t, expert_few=() if get("EXPERT_FEW") == "none" else _tiles(get("EXPERT_FEW")))
         if get("UNCHECKED") in ("0", "1"):
             t = t.map_tiles(lambda tile: replace(tile, UNCHECKED=int(get("UNCHECKED"))))
         return t
 
     def map_tiles(self, f) -> MmqTuning:
-        return replace(self, tiles=tuple(map(f, self.tiles)),
+        return replace(self, tiles=tuple(map(f, self.tiles)), expert_few=tuple(map(f, self.expert_few)),
                        per_type=tuple((n, tuple(map(f, ts))) for n, ts in self.per_type))
 
     def tiles_for(self, qtype) -> tuple[MmqTile, ...]:
         name = Q(int(qtype)).name
         return next((ts for n, ts in self.per_type if n == name), self.tiles)
+
+    def expert_tile_for(self, dev, qtype, n_out: int, A: int, E: int, pair: bool = False) -> MmqTile:
+        """The tile of a grouped expert product of A pairs over E experts: at most expert_few_max_t
+        pairs an expert, the first of expert_few that fits the device; else tile_for's over the A pairs."""
+        if -(-A // E) <= self.expert_few_max_t:
+            for tile in self.expert_few:
+                try:
+                    return tile.resolved(dev, READERS.get(Q(int(qtype)), 0))
+                except ValueError:  # does not fit this device
+                    continue
+        return self.tile_for(dev, qtype, n_out, A, pair)
 
     def tile_for(self, dev, qtype, n_out: int, T: int, pair: bool = False) -> MmqTile:
         """The tile for n_out output rows x T tokens of `qtype`: the first of

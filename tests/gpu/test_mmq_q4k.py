@@ -205,6 +205,22 @@ def test_tile_follows_the_grid(kernels):
     assert (t6.BN, t6.BT, t6.PREFETCH) == (64, 128, 1)
 
 
+def test_expert_tile_by_pairs_an_expert(kernels):
+    """Grouped expert products: with INFR_MMQ_EXPERT_FEW set, at most expert_few_max_t pairs an
+    expert (a 512-token prompt over the 30B's 128 experts, top 8: 32) take its first fitting tile,
+    gate||up and down alike (one grouping pass); more pairs an expert (2048 tokens: 128) the grid
+    rule over all the pairs, as every product does by default."""
+    few = KMQ.MmqTuning.from_env({"INFR_MMQ_EXPERT_FEW": "128,32,4,4 64,16,4,2"})
+    t = few.expert_tile_for(kernels.dev, Q.Q4_K, 768, 512 * 8, 128, pair=True)
+    assert (t.BN, t.BT, t.RM, t.RT) == (128, 32, 4, 4)
+    assert few.expert_tile_for(kernels.dev, Q.Q6_K, 2048, 512 * 8, 128).BT == 32
+    many = few.expert_tile_for(kernels.dev, Q.Q4_K, 768, 2048 * 8, 128, pair=True)
+    assert many == few.tile_for(kernels.dev, Q.Q4_K, 768, 2048 * 8, pair=True) and many.BT == 64
+    for default in (KMQ.MmqTuning.from_env({}), KMQ.MmqTuning.from_env({"INFR_MMQ_EXPERT_FEW": "none"})):
+        assert default.expert_tile_for(kernels.dev, Q.Q4_K, 768, 512 * 8, 128, pair=True) == \
+            default.tile_for(kernels.dev, Q.Q4_K, 768, 512 * 8, pair=True)
+
+
 def test_mmq_selection_and_tuning_env(gpu):
     rng = np.random.default_rng(2)
     q4, q2 = make_weight(Q.Q4_K, 4, 256, rng), make_weight(Q.Q2_K, 4, 256, rng)

@@ -400,7 +400,8 @@ def test_grouped_timing_script_runs(gpu, tmp_path):
     rows = json.loads(out.read_text())["results"]
     # at scale 8 both widths are 256 (Q6_K's down rows keep whole blocks), 32 tokens x 8 = 256 pairs
     tuning = KMQ.device_tuning(gpu)
-    auto = {"gate_up": tuning.tile_for(gpu, Q.Q4_K, 256, 256, True), "down": tuning.tile_for(gpu, Q.Q6_K, 256, 256)}
+    auto = {"gate_up": tuning.expert_tile_for(gpu, Q.Q4_K, 256, 256, 128, True),
+            "down": tuning.expert_tile_for(gpu, Q.Q6_K, 256, 256, 128)}
     assert sorted((r["product"], r["tile"]) for r in rows) == sorted(
         (p, t.spec) for p in ("gate_up", "down") for t in (auto[p], KMQ.MmqTile(64, 32, 4, 4)))
     assert all(r["ms"] > 0 and r["kernel"] == "int8" for r in rows)
