@@ -132,12 +132,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let r_end = block_end(b + r, b + n) - b;
                 let off = cache_row(tb, b + r) - r;  // key jj's row is off + jj (u32 wraps back)
                 var jj = r + grp;
-                // Two keys per step: both loads issue before either is used.
-                for (; jj + groups < r_end; jj += 2u * groups) {
+                // Four keys per step: the loads issue before any is used, so a group's chain of
+                // dependent loads is a quarter of its keys (it set the decode's cost per key at
+                // a few hundred keys, where each group walks tens of them).
+                for (; jj + 3u * groups < r_end; jj += 4u * groups) {
+                    let v0 = vcache[((off + jj) * params.kv_heads + kvh) * lanes + lane];
+                    let v1 = vcache[((off + jj + groups) * params.kv_heads + kvh) * lanes + lane];
+                    let v2 = vcache[((off + jj + 2u * groups) * params.kv_heads + kvh) * lanes + lane];
+                    let v3 = vcache[((off + jj + 3u * groups) * params.kv_heads + kvh) * lanes + lane];
+                    acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
+                    acc += probs[jj + groups] * vec4<f32>(halves(v1.x), halves(v1.y));
+                    acc += probs[jj + 2u * groups] * vec4<f32>(halves(v2.x), halves(v2.y));
+                    acc += probs[jj + 3u * groups] * vec4<f32>(halves(v3.x), halves(v3.y));
+                }
+                if (jj + groups < r_end) {
                     let v0 = vcache[((off + jj) * params.kv_heads + kvh) * lanes + lane];
                     let v1 = vcache[((off + jj + groups) * params.kv_heads + kvh) * lanes + lane];
                     acc += probs[jj] * vec4<f32>(halves(v0.x), halves(v0.y));
                     acc += probs[jj + groups] * vec4<f32>(halves(v1.x), halves(v1.y));
+                    jj += 2u * groups;
                 }
                 if (jj < r_end) {
                     let v0 = vcache[((off + jj) * params.kv_heads + kvh) * lanes + lane];
