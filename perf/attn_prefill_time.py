@@ -5,6 +5,8 @@ sequence from position 0, on whatever adapter is present.
     python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
     python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
     python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
+    python3 perf/attn_prefill_time.py --wide        # head dim 512 (Gemma 4's full layers): attn_tiled
+                                                    # against the one-pass kernel it replaced there
 
 H100 80GB, 2026-12-05 (old / new µs): through Dawn 347 / 224 (8B), 345 / 223 (Qwen3-30B-A3B),
 398 / 245 (16/8 x 256); through wgpu-native 1047 / 2458 (8B), hence attn_tiled2 is the default on Dawn only.
@@ -47,7 +49,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time attn_tiled2's other tilings that fit")
     ap.add_argument("--flavor", default="wgpu", help="wgpu (wgpu-native, naga) or dawn (wgpudawn, Tint)")
+    ap.add_argument("--wide", action="store_true", help="head dim 512: attn_tiled against the one-pass kernel")
     a = ap.parse_args()
+    if a.wide:
+        return wide(a)
     dev = get_device(flavor=a.flavor)
     kern = Kernels(dev)
     print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
@@ -88,6 +93,36 @@ def main() -> None:
                 print(f"{'  tiling M,QPI,KPI':<20} {'':>9} {u:>9.1f} {us[0] / u:>7.2f}x {flops / u / 1e6:>12.2f} "
                       f"{diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI}, WG {t.WG}, "
                       f"{t.workgroup_bytes(hd, hd)} B)")
+
+
+WIDE = [(8, 1, 512), (16, 2, 512)]  # Gemma 4 E2B's and 26B-A4B's full-attention layers
+
+
+def wide(a) -> None:
+    """Head dim 512: the one-pass kernel (the lowering's choice there until stop 31) against attn_tiled's
+    8-row blocks, from position 0 (causal), µs a layer."""
+    dev = get_device(flavor=a.flavor)
+    kern = Kernels(dev)
+    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
+    print(f"{'shape (H/Hkv x D)':<20} {'one-pass µs':>12} {'attn_tiled µs':>14} {'ratio':>7} {'max |diff|':>11}")
+    rng = np.random.default_rng(0)
+    T = a.T
+    for n_heads, kv_heads, hd in WIDE:
+        kc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        vc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
+        q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
+        outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
+        pg = KS.single_sequence(dev, 0, T, T)
+        args = (n_heads, kv_heads, hd, hd, 1.0, None, None, T)
+        ds = [KS.attention_dispatch(kern, q, kc, vc, outs[0], pg, *args),
+              KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=1)]
+        us, got = [], []
+        for d, o in zip(ds, outs):
+            run(dev, [d])
+            got.append(read(dev, o, count=T * n_heads * hd))
+            us.append(seconds_per_rep(dev, [[d]], a.reps, o) * 1e6)
+        diff = float(np.abs(got[0] - got[1]).max())
+        print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>12.1f} {us[1]:>14.1f} {us[0] / us[1]:>6.2f}x {diff:>11.3g}")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@
 // sequence (a prefill chunk) walks once, a block mixing k sequences k times.
 // Tiles start at multiples of BK, so each lies in one cache block (BS is a
 // multiple of BK) and costs one block-table read. Padding rows write zeros.
-// HD % 2 == 0, VD % 4 == 0, both at most 256 (workgroup memory).
+// HD % 2 == 0, VD % 4 == 0, both at most 512: BQ = 16 rows a block up to 256 (20 KiB of workgroup
+// memory at 256), 8 past it (26 KiB at 512; kernels_attention.tiled_rows, tiled_bytes).
 
 // #include attn_common
 
-const BQ: u32 = 16u;
+const BQ: u32 = {{BQ}}u;         // query rows a block
 const BK: u32 = 16u;
-const WG: u32 = 256u;            // BQ * BK
+const WG: u32 = BQ * BK;
 const HD: u32 = {{HD}}u;
 const VD: u32 = {{VD}}u;
 const QS: u32 = HD / 2u + 1u;    // row strides in u32 words, padded against bank conflicts

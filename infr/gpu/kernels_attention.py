@@ -64,7 +64,8 @@ SPLIT_FROM = TU.AttentionTuning.split_from  # 256
 # INFR_ATTN_ONE_PASS_CTX overrides.
 ONE_PASS_CTX = TU.AttentionTuning.one_pass_ctx  # 1024
 SPLIT_WG = 128       # invocations of attn_scores / attn_values
-TILED_MAX_DIM = 256  # workgroup memory bound of attn_tiled / attn_tiled2 (q block + one K/V tile)
+TILED_MAX_DIM = 512   # attn_tiled's head dims (workgroup memory: q block + one K/V tile; tiled_rows)
+TILED2_MAX_DIM = 256  # attn_tiled2's
 MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
 SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
@@ -269,7 +270,7 @@ def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v
     (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
     there (its register arrays indexed in loops are the suspect)."""
     force = TU.current().attention.tiled
-    if force == 1 or head_dim % 8 or v_head_dim % 4:
+    if force == 1 or head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > TILED2_MAX_DIM:
         return 1
     if force != 2 and not kernels.dev.dawn:
         return 1
@@ -300,8 +301,8 @@ def tiled_dispatch(
     workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup; None:
     tiled_kernel's choice. `tiling`: attn_tiled2's (M, QPI, KPI) (tiled2_shape)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
-    if max(head_dim, v_head_dim) > TILED_MAX_DIM:
-        raise ValueError(f"tiled attention needs head dims <= {TILED_MAX_DIM}")
+    if max(head_dim, v_head_dim) > (TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM):
+        raise ValueError(f"tiled attention needs head dims <= {TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM}")
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
@@ -313,7 +314,20 @@ def tiled_dispatch(
     if kernel == 2:
         t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
-    return Dispatch(pipe, binds, (n_heads, -(-T // 16), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+    bq = tiled_rows(head_dim, v_head_dim)
+    return Dispatch(pipe, binds, (n_heads, -(-T // bq), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
+
+
+def tiled_rows(head_dim: int, v_head_dim: int) -> int:
+    """attn_tiled's query rows a block: 16, or 8 past head dim 256 (Gemma 4's full-attention layers, 512:
+    26 KiB of workgroup memory, where 16 rows would need 36 KiB and lavapipe allows 32)."""
+    return 16 if max(head_dim, v_head_dim) <= 256 else 8
+
+
+def tiled_bytes(head_dim: int, v_head_dim: int) -> int:
+    """attn_tiled's workgroup memory: the q block, one K/V tile, probabilities and (max, sum) pairs."""
+    bq = tiled_rows(head_dim, v_head_dim)
+    return 4 * (bq * (head_dim // 2 + 1) + 16 * (max(head_dim, v_head_dim) // 2 + 1)) + 12 * bq * 16
 
 
 def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
@@ -323,7 +337,7 @@ def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int,
     if kernel == 2:
         t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
-    return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim,
+    return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim, BQ=tiled_rows(head_dim, v_head_dim),
                             KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)
 
 
@@ -349,7 +363,8 @@ def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = N
         return "one_pass"
     if fits and T <= split_t and v_head_dim <= 4 * SPLIT_WG:
         return "split" if not near or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM else "switch"
-    if fits and max(head_dim, v_head_dim) <= TILED_MAX_DIM:
+    widest = TILED_MAX_DIM if TU.current().attention.wide else TILED2_MAX_DIM
+    if fits and max(head_dim, v_head_dim) <= widest:
         return "tiled"
     return "fallback"
 
@@ -387,6 +402,10 @@ def attention_dispatches(
                                  chunk=chunk)
         return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, kv_max=near, xq=xq,
                                       chunk=chunk)] + split
+    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    if mode == "tiled" and tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, T=T) == 1 \
+            and tiled_bytes(head_dim, v_head_dim) > mem:
+        mode = "fallback"  # attn_tiled's tiles past this device's workgroup memory
     if mode == "tiled":
         out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args, chunk=chunk)]
     else:

@@ -28,11 +28,15 @@ class AttentionTuning:
     one_pass_ctx: int = 1024
     tiled: int = 0  # the prefill kernel: 0 by device (kernels_attention.tiled_kernel), 1 attn_tiled, 2 attn_tiled2
     tiled2: tuple[int, int, int] | None = None  # attn_tiled2's (M, QPI, KPI) tiling, for tuning
+    # 1: prefill at head dims past 256 (Gemma 4's full layers, 512) takes attn_tiled's 8-row blocks; 0 (until
+    # timed on a GPU: perf/attn_prefill_time.py --wide) the one-pass kernel, as before stop 31
+    wide: int = 0
 
     @classmethod
     def from_env(cls, env) -> AttentionTuning:
         names = {"chunk": "INFR_ATTN_CHUNK", "wgs": "INFR_ATTN_WGS", "split_from": "INFR_ATTN_SPLIT_FROM",
-                 "split_t": "INFR_ATTN_SPLIT_T", "one_pass_ctx": "INFR_ATTN_ONE_PASS_CTX", "tiled": "INFR_ATTN_TILED"}
+                 "split_t": "INFR_ATTN_SPLIT_T", "one_pass_ctx": "INFR_ATTN_ONE_PASS_CTX", "tiled": "INFR_ATTN_TILED",
+                 "wide": "INFR_ATTN_WIDE"}
         t = cls(**{k: int(env[v]) for k, v in names.items() if env.get(v)})
         if env.get("INFR_ATTN_TILED2"):
             t = replace(t, tiled2=tuple(int(x) for x in env["INFR_ATTN_TILED2"].split(",")))

@@ -190,6 +190,9 @@ TILED_CASES = {
     "gqa4_d256_T45_late_softcap": (8, 2, 256, 256, 77, 45, None, 30.0),
     "gqa1_d256_T19_window": (2, 2, 256, 256, 40, 19, 16, None),
     "gqa2_dk256_dv128_T33": (4, 2, 256, 128, 2, 33, None, None),
+    # Gemma 4's full-attention layers: head dim 512, attn_tiled's 8-row blocks (attn_tiled2 takes <= 256)
+    "gqa8_d512_T37_late": (8, 1, 512, 512, 40, 37, None, None),
+    "gqa2_d512_T19_window_softcap": (4, 2, 512, 512, 20, 19, 16, 30.0),
 }
 
 
@@ -197,6 +200,12 @@ TILED_CASES = {
 @pytest.mark.parametrize("case", list(TILED_CASES))
 def test_tiled_prefill(gpu, kernels, case, kernel):
     n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    if kernel == 2 and max(hd, vd) > KA.TILED2_MAX_DIM:
+        with pytest.raises(ValueError, match="head dims"):
+            KA.tiled_dispatch(kernels, *(storage(gpu, 256) for _ in range(4)), M.single_sequence(gpu, 0, T, 64),
+                              n_heads, kv_heads, hd, vd, 0.1, None, None, T, kernel=2)
+        assert KA.tiled_kernel(kernels, n_heads, kv_heads, hd, vd) == 1
+        return
     n_kv = start + T
     n_ctx = n_kv + 20
     rng = np.random.default_rng(len(case) + start)
@@ -263,7 +272,7 @@ def test_tiled_kernel_choice(gpu, kernels, tune):
     assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 1
 
 
-def test_lowering_picks_the_kernel(gpu, kernels):
+def test_lowering_picks_the_kernel(gpu, kernels, monkeypatch, tune):
     q, kc, vc, out = (storage(gpu, 4 * 2**16) for _ in range(4))
     state = M.single_sequence(gpu, 0, 1, 256)
     scratch = lambda: KA.split_scratch(kernels, 1, 256, 4, 64)
@@ -273,7 +282,12 @@ def test_lowering_picks_the_kernel(gpu, kernels):
     assert pick(1, 64) == both
     assert pick(KA.SPLIT_MAX_T, 64) == both
     assert pick(KA.SPLIT_MAX_T + 1, 64) == [_tiled_name(kernels)]
-    assert pick(37, 512) == ["attention"]  # past the tiled kernel's workgroup memory: the one-pass kernel
+    assert pick(37, 512) == ["attention"]  # head dim 512: the one-pass kernel unless INFR_ATTN_WIDE=1
+    tune(INFR_ATTN_WIDE="1")
+    assert pick(37, 512) == ["attn_tiled"]  # attn_tiled's 8-row blocks (26 KiB)
+    small = dict(gpu.limits, **{"max-compute-workgroup-storage-size": KA.tiled_bytes(512, 512) - 1})
+    monkeypatch.setattr(gpu, "limits", small)
+    assert pick(37, 512) == ["attention"]  # past the device's workgroup memory: the one-pass kernel
     def labels(n_ctx):
         return [d.label.split()[0] for d in KA.attention_dispatches(
             kernels, q, kc, vc, out, state, scratch, 4, 2, 64, 64, 0.1, None, None, 1, n_ctx=n_ctx)]
