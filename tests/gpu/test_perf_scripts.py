@@ -1,0 +1,37 @@
+"""Smoke runs of perf scripts that the next device session depends on: they run on this adapter at a
+small size and print what they promise (their timings are not asserted: benchmarks say speed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()
+
+
+def test_attn_prefill_wide_compares_the_two_kernels(gpu):
+    """--wide: the one-pass kernel and attn_tiled at head dim 512 on the same q, K, V agree (their
+    largest difference is printed) for Gemma 4's E2B and 26B full-layer shapes."""
+    lines = _run("perf/attn_prefill_time.py", "--wide", "--T", "24", "--reps", "1")
+    rows = [ln.split() for ln in lines if ln.startswith(("8/1 x 512", "16/2 x 512"))]
+    assert len(rows) == 2
+    for r in rows:
+        assert float(r[-1]) < 1e-2  # max |diff| of the outputs (each kernel is held to the CPU reference elsewhere)
+        assert float(r[3]) > 0 and float(r[4]) > 0
+
+
+def test_prompt_host_time_splits_a_forward(gpu):
+    """perf/prompt_host_time.py: per forward, submit + wait + the rest add up to the wall time, and the
+    graph's dispatch count is the backend's."""
+    lines = _run("perf/prompt_host_time.py", "tiny-llama", "--T", "20", "--reps", "1")
+    row = next(ln.split() for ln in lines if ln.startswith("tiny-llama"))
+    forward, submit, wait, other, n = float(row[1]), float(row[2]), float(row[3]), float(row[4]), int(row[5])
+    assert forward > 0 and submit >= 0 and wait > 0 and n > 10
+    assert abs(submit + wait + other - forward) < 0.02 * forward + 0.05
