@@ -44,7 +44,7 @@ from infr.gpu.device import Device, get_device
 from infr.gpu.graphs import MAX_LOGIT_ROWS, Graphs
 from infr.gpu.kvstore import KVStore
 from infr.gpu.lowering import find_stacks
-from infr.gpu.runtime import Dispatch, Kernels, Recording, storage
+from infr.gpu.runtime import Dispatch, Kernels, Recording, encode_all, storage
 from infr.plan import Plan, bind
 from infr.sampling import SamplingParams, host_sample
 
@@ -494,14 +494,8 @@ class GPUBackend(Graphs):
                     n = min(per_submit, k - done)
                     with profile.HostClock(timer, "encode"):
                         enc = self.dev.device.create_command_encoder()
-                        if timer is not None and timer.per_pass:  # each dispatch a pass (Dawn's profile)
-                            for far, times in self.spans(start + done, n):
-                                steps[far].encode_passes(enc, times=times, timer=timer)
-                        else:
-                            cpass = enc.begin_compute_pass()
-                            for far, times in self.spans(start + done, n):  # the longest row decides near or far keys
-                                steps[far].encode(cpass, times=times, timer=timer)
-                            cpass.end()
+                        # the longest row decides near or far keys
+                        encode_all(enc, [(steps[far], times) for far, times in self.spans(start + done, n)], timer)
                         buf = self._staging(4 * n * L)
                         enc.copy_buffer_to_buffer(self.token_log, 4 * done * L, buf, 0, 4 * n * L)
                         cmd = profile.finish_encoder(enc, timer, n)  # the profile counts steps as its tokens

@@ -271,22 +271,8 @@ class Recording:
 
     def encode_passes(self, enc, times: int = 1, timer=None) -> None:
         """Encode into `enc`: one pass, or with a per-pass profiler timer each dispatch in a pass of
-        its own between two timestamps (Dawn's profile)."""
-        if timer is None or not timer.per_pass:
-            cpass = enc.begin_compute_pass()
-            self.encode(cpass, times, timer)
-            cpass.end()
-            return
-        for _ in range(times):
-            for d in self.dispatches:
-                b = timer.take(d, first=True)
-                cpass = enc.begin_compute_pass(timestamp_writes={
-                    "query_set": timer.query_set, "beginning_of_pass_write_index": b,
-                    "end_of_pass_write_index": timer.take(d)})
-                cpass.set_pipeline(d.pipeline)
-                cpass.set_bind_group(0, d.bind_group)
-                cpass.dispatch_workgroups(*d.groups)
-                cpass.end()
+        its own between two timestamps (Dawn's profile; encode_all)."""
+        encode_all(enc, [(self, times)], timer)
 
     def _encode_timed(self, cpass, times: int, timer) -> None:
         qs = timer.query_set
@@ -314,3 +300,26 @@ def run(dev: Device, dispatches: Sequence[Dispatch]) -> None:
 def read(dev: Device, buf, dtype=np.float32, count: int | None = None) -> np.ndarray:
     out = np.frombuffer(dev.device.queue.read_buffer(buf), dtype=dtype)
     return out[:count] if count is not None else out
+
+
+def encode_all(enc, parts, timer=None) -> None:
+    """Encode the (recording, times) parts into `enc` in order: in one compute pass, or with a per-pass
+    profiler timer each dispatch in a pass of its own between two timestamps (Dawn has no in-pass
+    timestamps: infr.gpu.profile.Timer.per_pass)."""
+    if timer is None or not timer.per_pass:
+        cpass = enc.begin_compute_pass()
+        for rec, times in parts:
+            rec.encode(cpass, times, timer)
+        cpass.end()
+        return
+    for rec, times in parts:
+        for _ in range(times):
+            for d in rec.dispatches:
+                b = timer.take(d, first=True)
+                cpass = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": timer.query_set, "beginning_of_pass_write_index": b,
+                    "end_of_pass_write_index": timer.take(d)})
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, d.bind_group)
+                cpass.dispatch_workgroups(*d.groups)
+                cpass.end()
