@@ -43,6 +43,15 @@ SWEEP = [(64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 2), (32, 2, 2), (32, 4, 2),
          (16, 1, 2), (16, 2, 4), (32, 2, 4)]
 
 
+def _inputs(dev, rng, T: int, n_heads: int, kv_heads: int, hd: int):
+    """Random f16 K and V caches of T keys, T rows of q, two outputs, one sequence from position 0."""
+    kc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
+    vc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
+    q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
+    outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
+    return kc, vc, q, outs, KS.single_sequence(dev, 0, T, T)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=512)
@@ -60,12 +69,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     T = a.T
     for n_heads, kv_heads, hd in SHAPES:
-        n_ctx = T
-        kc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
-        vc = storage(dev, rng.standard_normal((n_ctx, kv_heads, hd)).astype(np.float16).view(np.uint32))
-        q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
-        outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
-        pg = KS.single_sequence(dev, 0, T, n_ctx)
+        kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
         args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
         us, got = [], []
         for i, kernel in enumerate((1, 2)):  # 2: attn_tiled2 at its default tiling, also where not the default kernel
@@ -108,11 +112,7 @@ def wide(a) -> None:
     rng = np.random.default_rng(0)
     T = a.T
     for n_heads, kv_heads, hd in WIDE:
-        kc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
-        vc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
-        q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
-        outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
-        pg = KS.single_sequence(dev, 0, T, T)
+        kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
         args = (n_heads, kv_heads, hd, hd, 1.0, None, None, T)
         ds = [KS.attention_dispatch(kern, q, kc, vc, outs[0], pg, *args),
               KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=1)]
