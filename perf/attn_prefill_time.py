@@ -43,6 +43,14 @@ SWEEP = [(64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 2), (32, 2, 2), (32, 4, 2),
          (16, 1, 2), (16, 2, 4), (32, 2, 4)]
 
 
+def _start(a, columns: str):
+    """The device, its kernels and the random source; the header lines printed."""
+    dev = get_device(flavor=a.flavor)
+    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
+    print(f"{'shape (H/Hkv x D)':<20} {columns}")
+    return dev, Kernels(dev), np.random.default_rng(0)
+
+
 def _inputs(dev, rng, T: int, n_heads: int, kv_heads: int, hd: int):
     """Random f16 K and V caches of T keys, T rows of q, two outputs, one sequence from position 0."""
     kc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
@@ -62,11 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.wide:
         return wide(a)
-    dev = get_device(flavor=a.flavor)
-    kern = Kernels(dev)
-    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
-    print(f"{'shape (H/Hkv x D)':<20} {'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
-    rng = np.random.default_rng(0)
+    dev, kern, rng = _start(a, f"{'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
     T = a.T
     for n_heads, kv_heads, hd in SHAPES:
         kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
@@ -105,11 +109,7 @@ WIDE = [(8, 1, 512), (16, 2, 512)]  # Gemma 4 E2B's and 26B-A4B's full-attention
 def wide(a) -> None:
     """Head dim 512: the one-pass kernel (the lowering's choice there until stop 31) against attn_tiled's
     8-row blocks, from position 0 (causal), µs a layer."""
-    dev = get_device(flavor=a.flavor)
-    kern = Kernels(dev)
-    print(f"adapter: {dev.name} ({a.flavor}); T={a.T} from position 0, {a.reps} calls a pass, best of 3")
-    print(f"{'shape (H/Hkv x D)':<20} {'one-pass µs':>12} {'attn_tiled µs':>14} {'ratio':>7} {'max |diff|':>11}")
-    rng = np.random.default_rng(0)
+    dev, kern, rng = _start(a, f"{'one-pass µs':>12} {'attn_tiled µs':>14} {'ratio':>7} {'max |diff|':>11}")
     T = a.T
     for n_heads, kv_heads, hd in WIDE:
         kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
