@@ -113,7 +113,7 @@ def wide(a) -> None:
     T = a.T
     for n_heads, kv_heads, hd in WIDE:
         kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
-        args = (n_heads, kv_heads, hd, hd, 1.0, None, None, T)
+        args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
         ds = [KS.attention_dispatch(kern, q, kc, vc, outs[0], pg, *args),
               KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=1)]
         us, got = [], []

@@ -8,7 +8,8 @@ and the rest (graph lookup, uploads, encoding), for synth models on one backend.
 Why: Dawn profiles of stop 31 gave Gemma 4's prompts 96-142 µs a token in `submit` against the 8B's 2.9,
 and E2B's pp512 swung from 3778 to 9282 t/s between runs. Dawn records its Vulkan commands at submit, so a
 submit that costs as much as the GPU's work is the host, not the kernels. One line per model:
-forward ms, submit ms, wait ms, other ms (means over --reps forwards after one warm-up), dispatches.
+forward ms, submit ms, wait ms, other ms (means over --reps forwards after one warm-up), dispatches of
+the forward's graph.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def main() -> None:
             wall = (time.perf_counter() - t0) / args.reps
         finally:
             del q.submit, q.read_buffer
-        n = len(be._graph(args.T, args.T)[0].dispatches)
+        body, head, _ = be._graph(args.T, 1)  # the graph forward ran (its last row's logits)
+        n = len(body.dispatches) + len(head.dispatches)
         sub, wait = spent["submit"] / args.reps, spent["wait"] / args.reps
         print(f"{ref:<22} {wall * 1e3:>10.2f} {sub * 1e3:>10.2f} {wait * 1e3:>9.2f} "
               f"{(wall - sub - wait) * 1e3:>9.2f} {n:>10}", flush=True)

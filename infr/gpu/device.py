@@ -30,8 +30,8 @@ _DAWN_FEATURES = {"subgroup": "subgroups", "shader-f16": "shader-f16", "timestam
 # Instance toggles for Dawn: experimental features (subgroup matrices), f16 on NVIDIA's Vulkan
 # driver (off by default there), and no bounds clamping (wgpu's unchecked modules, everywhere).
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia", "disable_robustness")
-# Off: Dawn masks the low 16 bits of timestamps (65.5 µs steps) unless told not to, which made its
-# profiles' per-kernel times multiples of 65.5 µs and their sum larger than the wall time.
+# Off: Dawn masks the low 16 bits of timestamps unless told not to, which made its profiles' kernel
+# times multiples of 65.5 µs.
 DAWN_TOGGLES_OFF = ("timestamp_quantization",)
 LIMITS = (
     "max-storage-buffer-binding-size",
@@ -123,7 +123,8 @@ def api_module(flavor: str = "wgpu"):
         try:
             extras.set_instance_extras(enable_toggles=list(DAWN_TOGGLES), disable_toggles=list(DAWN_TOGGLES_OFF))
         except RuntimeError as e:  # another user of wgpudawn in this process made its instance first
-            warnings.warn(f"Dawn runs without infr's toggles {DAWN_TOGGLES}: {e}", stacklevel=2)
+            warnings.warn(f"Dawn runs without infr's toggles {DAWN_TOGGLES} (off: {DAWN_TOGGLES_OFF}): {e}",
+                          stacklevel=2)
     return api
 
 

@@ -18,12 +18,14 @@ through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
   of rows per workgroup sharing K/V tiles in workgroup memory, each invocation
   a register micro-tile of scores and outputs (one walk over the keys per
   sequence among the block's rows: fast when they share one); the earlier
-  `attn_tiled` (16 queries of one head per workgroup, one score per
-  invocation) on wgpu-native, where attn_tiled2 is slower (tiled_kernel), and
-  where attn_tiled2's workgroup memory does not fit; INFR_ATTN_TILED=1|2;
+  `attn_tiled` (16 queries of one head per workgroup, 8 past head dim 256, one
+  score per invocation) on wgpu-native, where attn_tiled2 is slower (tiled_kernel),
+  where attn_tiled2's workgroup memory does not fit, and for head dims 264-512
+  with INFR_ATTN_WIDE=1 (attn_tiled2 takes <= 256); INFR_ATTN_TILED=1|2;
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
-  dims over 256 or not multiples of 8).
+  dims not multiples of 8, over 512, or over 256 without INFR_ATTN_WIDE=1;
+  tiles past the device's workgroup memory).
 
 The normalised probabilities are rounded to f16 before they multiply V, as
 the reference does (infr/cpu/ops.py attention); that needs the final max and
@@ -298,11 +300,12 @@ def tiled_dispatch(
 ) -> Dispatch:
     """Prefill attention for T rows (any rows; a block of rows of one sequence walks its keys
     once). `kernel` 2: attn_tiled2, the query heads of a kv head and a block of rows per
-    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup; None:
+    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup (8 past head dim 256); None:
     tiled_kernel's choice. `tiling`: attn_tiled2's (M, QPI, KPI) (tiled2_shape)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
-    if max(head_dim, v_head_dim) > (TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM):
-        raise ValueError(f"tiled attention needs head dims <= {TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM}")
+    widest = TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM
+    if max(head_dim, v_head_dim) > widest:
+        raise ValueError(f"tiled attention needs head dims <= {widest}")
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)

@@ -146,12 +146,12 @@ class MmqTile:
 TILES = (MmqTile(128, 64, 4, 8, UNCHECKED=1), MmqTile(64, 64, 4, 4, UNCHECKED=1), MmqTile(64, 32, 4, 2, UNCHECKED=1))
 
 
-# Grouped expert products where an expert gets few pairs (EXPERT_FEW_MAX_T or fewer on average, a tile's
-# worth) may take tiles of their own (INFR_MMQ_EXPERT_FEW; one grouping pass serves both products, so
-# gate||up and down alike). None by default: on the H100 through Dawn at 512 tokens (32 pairs an expert),
-# 128 x 32 tiles against the grid rule's 128 x 64 took Gemma 4 26B-A4B's pp512 from 5241.5 to 5413.0 /
-# 5396.4 t/s but Qwen3-30B-A3B's from 5733.6 to 5622.0 / 5473.7 (its down products, Q4_K / Q6_K of 768,
-# were slower: 0.750 / 0.664 vs 0.705 / 0.642 ms a layer; perf/moe_grouped_time.py, perf/README stop 31).
+# Grouped expert products where an expert gets few pairs (EXPERT_FEW_MAX_T or fewer on average: at most
+# a 64-token tile's worth) may take tiles of their own (INFR_MMQ_EXPERT_FEW; one grouping pass serves both
+# products, so gate||up and down alike). None by default: on the H100 through Dawn at 512 tokens (32 pairs
+# an expert), 128 x 32 tiles ("128,32,4,4,0,0,1") against the grid rule's 128 x 64 took Gemma 4 26B-A4B's
+# pp512 from 5241.5 to 5413.0 / 5396.4 t/s but Qwen3-30B-A3B's from 5733.6 to 5622.0 / 5473.7: its down
+# product (Q6_K of 768) was slower, 0.750 vs 0.705 ms a layer (perf/moe_grouped_time.py; perf/README stop 31).
 EXPERT_FEW_TILES: tuple = ()
 EXPERT_FEW_MAX_T = 48
 
@@ -179,7 +179,9 @@ class MmqTuning:
         """INFR_MMQ_MIN_T (0: never), INFR_MMQ_TILES ("BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."),
         INFR_MMQ_TILES_<TYPE> (one type's list), INFR_MMQ_MIN_GROUPS, INFR_MMQ_UNCHECKED=0|1 (every
         tile), INFR_MMQ_BN / _BT / _RM / _RT / _SUB / _PREFETCH: one tile for every product, and
-        INFR_MMQ_EXPERT_FEW (tiles of grouped expert products of few pairs an expert; "none": none, the default)."""
+        INFR_MMQ_EXPERT_FEW (tiles of grouped expert products of few pairs an expert, as INFR_MMQ_TILES:
+        UNCHECKED, the seventh field, 1 for the unchecked module the defaults use; "none": none, the
+        default). The one-tile pins leave expert_few alone."""
         env = os.environ if env is None else env
         get = lambda k: env.get(f"INFR_MMQ_{k}") or None
         t = cls()

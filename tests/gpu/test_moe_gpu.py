@@ -359,8 +359,9 @@ def _grouped_pair_case(gpu, kernels, fused: bool, tile=None, rtol: float = 1e-4)
 
 
 def test_grouped_halves_of_a_fused_bank(gpu, kernels):
-    """gemma4's grouped experts (table GELU: gate and up as two grouped products): `half` reads
-    the gate rows, then the up rows, of each expert of one gate_up bank."""
+    """gemma4's grouped experts where the table-GELU pair cannot run (a device short of storage
+    bindings, or the tensor cores' tiles: gate and up as two grouped products): `half` reads the
+    gate rows, then the up rows, of each expert of one gate_up bank."""
     rng = np.random.default_rng(12)
     q, E, N, T, k, K = Q.Q8_0, 5, 24, 40, 2, 256
     A = T * k

@@ -23,15 +23,24 @@ def test_attn_prefill_wide_compares_the_two_kernels(gpu):
     rows = [ln.split() for ln in lines if ln.startswith(("8/1 x 512", "16/2 x 512"))]
     assert len(rows) == 2
     for r in rows:
-        assert float(r[-1]) < 1e-2  # max |diff| of the outputs (each kernel is held to the CPU reference elsewhere)
+        assert float(r[-1]) < 2e-3  # max |diff| of the outputs (each kernel is held to the CPU reference elsewhere)
         assert float(r[3]) > 0 and float(r[4]) > 0
 
 
 def test_prompt_host_time_splits_a_forward(gpu):
-    """perf/prompt_host_time.py: per forward, submit + wait + the rest add up to the wall time, and the
-    graph's dispatch count is the backend's."""
+    """perf/prompt_host_time.py: per forward, the time in submit and in the read-back are both caught
+    (each forward submits and waits), within the wall time, and the dispatch count is that of the
+    graph the forward ran."""
     lines = _run("perf/prompt_host_time.py", "tiny-llama", "--T", "20", "--reps", "1")
     row = next(ln.split() for ln in lines if ln.startswith("tiny-llama"))
-    forward, submit, wait, other, n = float(row[1]), float(row[2]), float(row[3]), float(row[4]), int(row[5])
-    assert forward > 0 and submit >= 0 and wait > 0 and n > 10
-    assert abs(submit + wait + other - forward) < 0.02 * forward + 0.05
+    forward, submit, wait, n = float(row[1]), float(row[2]), float(row[3]), int(row[5])
+    assert submit > 0 and wait > 0 and submit + wait <= forward
+    from infr import bench
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    gf = open_gguf(bench.synth_path("tiny-llama"))  # the file the script ran
+    body, head, _ = GPUBackend(gf, build_plan(build_spec(gf)), 64)._graph(20, 1)
+    assert n == len(body.dispatches) + len(head.dispatches)

@@ -212,7 +212,8 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
 def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
     """The MoE kernels: the router, the grouping of prompt batches, the rows around the experts, the
     shared expert's gate, the expert-indexed GEMV (plain and gate||up) and f32 matmul of every type,
-    and the grouped int8 GEMM (plain and gate||up) of every reader on each default tile."""
+    and the grouped int8 GEMM (plain and gate||up) of every reader on each default tile, and its
+    gate||up with the table GELU (gemma4) on the first."""
     asked: set = set()
     rec = _Recorder(gpu, asked)
     for name, entry in (("moe_route", "main"), ("moe_combine", "combine"), ("moe_combine", "scale_rows"),
@@ -228,8 +229,9 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
         for tile in KMQ.TILES:
             KMQ.mmq_pipeline(rec, q, tile, expert=True)
             KMQ.mmq_pipeline(rec, q, tile, pair_act="silu", expert=True)
+        KMQ.mmq_pipeline(rec, q, KMQ.TILES[0], pair_act="gelu_f16", expert=True)  # gemma4's pair: table at 11
     assert len(asked) == (5 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
-                          + 2 * len(KMQ.READERS) * len(KMQ.TILES))
+                          + 2 * len(KMQ.READERS) * len(KMQ.TILES) + len(KMQ.READERS))
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
@@ -237,7 +239,8 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
 def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
     """Both tiled prefill kernels on the real models' head shapes and others, attn_tiled2 on the
     tilings it picks (64 slots of 4 up to head dim 128, 16 slots of 2 past it or for short batches;
-    1 to 8 heads a workgroup) and some perf/attn_prefill_time.py --sweep times."""
+    1 to 8 heads a workgroup) and some perf/attn_prefill_time.py --sweep times; attn_tiled at head
+    dim 512 (8-row blocks)."""
     asked: set = set()
     rec = _Recorder(gpu, asked)
     shapes = [(2, 2, 64, 64), (8, 2, 64, 64), (32, 8, 128, 128), (32, 4, 128, 128), (64, 4, 128, 128),
@@ -247,6 +250,8 @@ def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
         for tiling in (None, KA.TILED2_SMALL, (32, 4, 4), (64, 8, 2), (64, 4, 4)):  # the defaults, --sweep's
             KA.tiled_pipeline(rec, *shape, 32, 2, tiling)
     KA.tiled_pipeline(rec, 8, 2, 64, 64, 16, 2)
+    for shape in [(8, 1, 512, 512), (16, 2, 512, 512)]:  # Gemma 4's full layers: attn_tiled's 8-row blocks
+        KA.tiled_pipeline(rec, *shape, 32, 1)
     assert {k[0] for k in asked} == {"attn_tiled", "attn_tiled2"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
