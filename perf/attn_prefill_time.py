@@ -5,8 +5,8 @@ sequence from position 0, on whatever adapter is present.
     python3 perf/attn_prefill_time.py --T 64 --reps 3   # a smoke run on lavapipe
     python3 perf/attn_prefill_time.py --sweep       # also attn_tiled2's other tilings (M, QPI, KPI)
     python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
-    python3 perf/attn_prefill_time.py --wide        # head dim 512 (Gemma 4's full layers): attn_tiled
-                                                    # against the one-pass kernel it replaced there
+    python3 perf/attn_prefill_time.py --wide        # head dim 512 (Gemma 4's full layers): attn_tiled and
+                                                    # attn_tiled2 (where it fits) against the one-pass kernel
 
 H100 80GB, 2026-12-05 (old / new µs): through Dawn 347 / 224 (8B), 345 / 223 (Qwen3-30B-A3B),
 398 / 245 (16/8 x 256); through wgpu-native 1047 / 2458 (8B), hence attn_tiled2 is the default on Dawn only.
@@ -51,12 +51,12 @@ def _start(a, columns: str):
     return dev, Kernels(dev), np.random.default_rng(0)
 
 
-def _inputs(dev, rng, T: int, n_heads: int, kv_heads: int, hd: int):
-    """Random f16 K and V caches of T keys, T rows of q, two outputs, one sequence from position 0."""
+def _inputs(dev, rng, T: int, n_heads: int, kv_heads: int, hd: int, n_out: int = 2):
+    """Random f16 K and V caches of T keys, T rows of q, n_out outputs, one sequence from position 0."""
     kc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
     vc = storage(dev, rng.standard_normal((T, kv_heads, hd)).astype(np.float16).view(np.uint32))
     q = storage(dev, (rng.standard_normal(T * n_heads * hd) * 2).astype(np.float32))
-    outs = [storage(dev, T * n_heads * hd * 4) for _ in range(2)]
+    outs = [storage(dev, T * n_heads * hd * 4) for _ in range(n_out)]
     return kc, vc, q, outs, KS.single_sequence(dev, 0, T, T)
 
 
@@ -107,22 +107,28 @@ WIDE = [(8, 1, 512), (16, 2, 512)]  # Gemma 4 E2B's and 26B-A4B's full-attention
 
 
 def wide(a) -> None:
-    """Head dim 512: the one-pass kernel (the lowering's choice there until stop 31) against attn_tiled's
-    8-row blocks, from position 0 (causal), µs a layer."""
-    dev, kern, rng = _start(a, f"{'one-pass µs':>12} {'attn_tiled µs':>14} {'ratio':>7} {'max |diff|':>11}")
+    """Head dim 512: the one-pass kernel (the lowering's choice there unless INFR_ATTN_WIDE=1) against
+    attn_tiled's 8-row blocks and attn_tiled2's 16 or 8 slots (where the device's workgroup memory holds
+    them: 50 / 42 KiB), from position 0 (causal), µs a layer; max |diff| against the one-pass kernel."""
+    dev, kern, rng = _start(a, f"{'one-pass µs':>12} {'attn_tiled µs':>14} {'attn_tiled2 µs':>15} {'max |diff|':>11}")
     T = a.T
     for n_heads, kv_heads, hd in WIDE:
-        kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
+        kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd, n_out=3)
         args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
         ds = [KS.attention_dispatch(kern, q, kc, vc, outs[0], pg, *args),
               KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=1)]
+        tiling = KA.default_tiling(kern, hd, hd)  # attn_tiled2's 16 or 8 slots, where they fit
+        if tiling is not None:
+            ds.append(KA.tiled_dispatch(kern, q, kc, vc, outs[2], pg, *args, kernel=2, tiling=tiling))
         us, got = [], []
         for d, o in zip(ds, outs):
             run(dev, [d])
             got.append(read(dev, o, count=T * n_heads * hd))
             us.append(seconds_per_rep(dev, [[d]], a.reps, o) * 1e6)
-        diff = float(np.abs(got[0] - got[1]).max())
-        print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>12.1f} {us[1]:>14.1f} {us[0] / us[1]:>6.2f}x {diff:>11.3g}")
+        diff = max(float(np.abs(got[0] - g).max()) for g in got[1:])
+        t2 = f"{us[2]:>15.1f}" if tiling else f"{'(no room)':>15}"
+        print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {us[0]:>12.1f} {us[1]:>14.1f} {t2} {diff:>11.3g}"
+              + (f"   (attn_tiled2 M,QPI,KPI = {tiling})" if tiling else ""))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@
 // are staged as zeros and never read from the cache (released sliding-window
 // blocks, poisoned rows past the length). Each key's cache row goes through the
 // block table (a 32-key tile may straddle 16-position blocks). Padding rows
-// write zeros. HD % 8 == 0, VD % 4 == 0, both at most 256.
+// write zeros. HD % 8 == 0, VD % 4 == 0, both at most 512 (past 256 only 8 or 16 slots fit
+// 48 KiB of workgroup memory: kernels_attention.default_tiling).
 
 // #include attn_common
 

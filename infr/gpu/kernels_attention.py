@@ -67,7 +67,8 @@ SPLIT_FROM = TU.AttentionTuning.split_from  # 256
 ONE_PASS_CTX = TU.AttentionTuning.one_pass_ctx  # 1024
 SPLIT_WG = 128       # invocations of attn_scores / attn_values
 TILED_MAX_DIM = 512   # attn_tiled's head dims (workgroup memory: q block + one K/V tile; tiled_rows)
-TILED2_MAX_DIM = 256  # attn_tiled2's
+TILED2_MAX_DIM = 512  # attn_tiled2's (past 256 only its 16- or 8-slot tilings fit: default_tiling)
+WIDE_DIM = 256        # prefill past this head dim takes the tiled kernels only with INFR_ATTN_WIDE=1
 MAX_HG = 8           # query heads per split-K workgroup (registers per invocation)
 SPLIT_TARGET_WGS = TU.AttentionTuning.wgs  # (512) split-K workgroups per dispatch at full depth (INFR_ATTN_WGS overrides)
 
@@ -285,12 +286,15 @@ def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v
 def default_tiling(kernels: Kernels, head_dim: int, v_head_dim: int) -> tuple[int, int, int] | None:
     """Past head dim 128, 32 slots of 2 where workgroup memory holds them (35 KiB at 256: NVIDIA's
     48 KiB; on the H100 through Dawn 251 µs against 363 for 16 slots, 16/8 x 256 at T = 512);
-    None (tiled2_shape's choice) elsewhere."""
+    past 256 the first of 16 and 8 slots that fits (at 512: 50 and 42 KiB; not yet timed on a GPU,
+    INFR_ATTN_WIDE); None (tiled2_shape's choice) elsewhere."""
     if max(head_dim, v_head_dim) <= 128 or TU.current().attention.tiled2:
         return None
     mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
-    big = Tiled2(32, 1, 2, 2)
-    return (32, 2, 2) if big.workgroup_bytes(head_dim, v_head_dim) <= mem else None
+    for tiling in ((32, 2, 2), (16, 2, 2), (8, 2, 2)) if max(head_dim, v_head_dim) > 256 else ((32, 2, 2),):
+        if Tiled2(tiling[0], 1, tiling[1], tiling[2]).workgroup_bytes(head_dim, v_head_dim) <= mem:
+            return tiling
+    return None
 
 
 def tiled_dispatch(
@@ -366,7 +370,7 @@ def attention_mode(T: int, head_dim: int, v_head_dim: int, n_ctx: int | None = N
         return "one_pass"
     if fits and T <= split_t and v_head_dim <= 4 * SPLIT_WG:
         return "split" if not near or max(head_dim, v_head_dim) > KS.ATTN_MAX_HEAD_DIM else "switch"
-    widest = TILED_MAX_DIM if TU.current().attention.wide else TILED2_MAX_DIM
+    widest = TILED_MAX_DIM if TU.current().attention.wide else WIDE_DIM
     if fits and max(head_dim, v_head_dim) <= widest:
         return "tiled"
     return "fallback"

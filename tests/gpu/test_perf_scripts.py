@@ -23,8 +23,9 @@ def test_attn_prefill_wide_compares_the_two_kernels(gpu):
     rows = [ln.split() for ln in lines if ln.startswith(("8/1 x 512", "16/2 x 512"))]
     assert len(rows) == 2
     for r in rows:
-        assert float(r[-1]) < 2e-3  # max |diff| of the outputs (each kernel is held to the CPU reference elsewhere)
         assert float(r[3]) > 0 and float(r[4]) > 0
+        diff = float(r[7]) if r[5] == "(no" else float(r[6])  # after the attn_tiled2 column or "(no room)"
+        assert diff < 2e-3  # max |diff| of the outputs (each kernel is held to the CPU reference elsewhere)
 
 
 def test_prompt_host_time_splits_a_forward(gpu):

@@ -239,8 +239,8 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
 def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
     """Both tiled prefill kernels on the real models' head shapes and others, attn_tiled2 on the
     tilings it picks (64 slots of 4 up to head dim 128, 16 slots of 2 past it or for short batches;
-    1 to 8 heads a workgroup) and some perf/attn_prefill_time.py --sweep times; attn_tiled at head
-    dim 512 (8-row blocks)."""
+    1 to 8 heads a workgroup) and some perf/attn_prefill_time.py --sweep times; both at head dim 512
+    (attn_tiled's 8-row blocks, attn_tiled2's 8 and 16 slots)."""
     asked: set = set()
     rec = _Recorder(gpu, asked)
     shapes = [(2, 2, 64, 64), (8, 2, 64, 64), (32, 8, 128, 128), (32, 4, 128, 128), (64, 4, 128, 128),
@@ -250,8 +250,10 @@ def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
         for tiling in (None, KA.TILED2_SMALL, (32, 4, 4), (64, 8, 2), (64, 4, 4)):  # the defaults, --sweep's
             KA.tiled_pipeline(rec, *shape, 32, 2, tiling)
     KA.tiled_pipeline(rec, 8, 2, 64, 64, 16, 2)
-    for shape in [(8, 1, 512, 512), (16, 2, 512, 512)]:  # Gemma 4's full layers: attn_tiled's 8-row blocks
-        KA.tiled_pipeline(rec, *shape, 32, 1)
+    for shape in [(8, 1, 512, 512), (16, 2, 512, 512)]:  # Gemma 4's full layers: attn_tiled's 8-row blocks,
+        KA.tiled_pipeline(rec, *shape, 32, 1)          # attn_tiled2's 8 and 16 slots (default_tiling past 256)
+        for tiling in ((8, 2, 2), KA.TILED2_SMALL):
+            KA.tiled_pipeline(rec, *shape, 32, 2, tiling)
     assert {k[0] for k in asked} == {"attn_tiled", "attn_tiled2"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
