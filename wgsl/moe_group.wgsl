@@ -2,8 +2,12 @@
 // idea; kernels_moe): per expert a count, then the pairs in expert order (`order`; within an
 // expert in any order: each output row is computed alone, so its place changes nothing), and the
 // tile list: tiles[i] = (expert, first index in order, pairs <= BT, 0), zeros past the last.
-// One workgroup: counts by atomics, the offsets and tiles by one invocation (n_expert steps),
-// the scatter by atomics again. dispatch (1, 1, 1).
+// One workgroup, everything in workgroup memory but the outputs: counts by workgroup atomics;
+// each invocation sums the pairs and tiles of a run of experts, one scan over the invocations
+// gives every run's first pair and first tile, and each invocation writes its experts' tiles; the
+// scatter by workgroup atomics again. (One invocation walked all the experts before: ~65 µs a
+// layer on an H100 at 512 tokens x 8 of 128 experts, stop 31's profiles.) E <= MAX_E.
+// Dispatch (1, 1, 1).
 
 struct Params {
     E: u32,          // experts
@@ -13,40 +17,65 @@ struct Params {
 }
 
 const WG: u32 = 256u;
+const MAX_E: u32 = 1024u;  // kernels_moe.ROUTE_MAX_E
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read_write> cursor: array<atomic<u32>>;
-@group(0) @binding(3) var<storage, read_write> order: array<u32>;
-@group(0) @binding(4) var<storage, read_write> tiles: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> order: array<u32>;
+@group(0) @binding(3) var<storage, read_write> tiles: array<vec4<u32>>;
+
+var<workgroup> count: array<atomic<u32>, MAX_E>;
+var<workgroup> cursor: array<atomic<u32>, MAX_E>;  // where an expert's next pair goes
+var<workgroup> runs: array<vec2<u32>, WG>;         // (pairs, tiles) of invocation i's experts, scanned
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32) {
     for (var e = tid; e < params.E; e += WG) {
-        atomicStore(&cursor[e], 0u);
+        atomicStore(&count[e], 0u);
     }
-    storageBarrier();
+    workgroupBarrier();
     for (var a = tid; a < params.A; a += WG) {
-        atomicAdd(&cursor[ids[a]], 1u);
+        atomicAdd(&count[ids[a]], 1u);
     }
-    storageBarrier();
-    if (tid == 0u) {
-        var off = 0u;
-        var n = 0u;
-        for (var e = 0u; e < params.E; e++) {
-            let c = atomicLoad(&cursor[e]);
-            atomicStore(&cursor[e], off);  // from now on: where the expert's next pair goes
-            for (var s = 0u; s < c; s += params.BT) {
-                tiles[n] = vec4<u32>(e, off + s, min(params.BT, c - s), 0u);
-                n++;
-            }
-            off += c;
-        }
-        for (; n < params.max_tiles; n++) {
-            tiles[n] = vec4<u32>(0u);
-        }
+    workgroupBarrier();
+    let per = (params.E + WG - 1u) / WG;  // this invocation's experts: e0 .. e1
+    let e0 = min(tid * per, params.E);
+    let e1 = min(e0 + per, params.E);
+    var run = vec2<u32>(0u);
+    for (var e = e0; e < e1; e++) {
+        let c = atomicLoad(&count[e]);
+        run += vec2<u32>(c, (c + params.BT - 1u) / params.BT);
     }
-    storageBarrier();
+    runs[tid] = run;
+    workgroupBarrier();
+    for (var d = 1u; d < WG; d *= 2u) {  // inclusive scan of the runs
+        var v = runs[tid];
+        if (tid >= d) {
+            v += runs[tid - d];
+        }
+        workgroupBarrier();
+        runs[tid] = v;
+        workgroupBarrier();
+    }
+    var first = vec2<u32>(0u);  // (pairs, tiles) of the experts before e0
+    if (tid > 0u) {
+        first = runs[tid - 1u];
+    }
+    var off = first.x;
+    var n = first.y;
+    for (var e = e0; e < e1; e++) {
+        let c = atomicLoad(&count[e]);
+        atomicStore(&cursor[e], off);
+        for (var s = 0u; s < c; s += params.BT) {
+            tiles[n] = vec4<u32>(e, off + s, min(params.BT, c - s), 0u);
+            n++;
+        }
+        off += c;
+    }
+    for (var i = runs[WG - 1u].y + tid; i < params.max_tiles; i += WG) {
+        tiles[i] = vec4<u32>(0u);
+    }
+    workgroupBarrier();
     for (var a = tid; a < params.A; a += WG) {
         order[atomicAdd(&cursor[ids[a]], 1u)] = a;
     }

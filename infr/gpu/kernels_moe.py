@@ -198,15 +198,14 @@ def group_dispatch(kernels: Kernels, ids, g: "Groups", E: int, A: int) -> Dispat
     pipe = kernels.pipeline("moe_group", "main")
     p = KS._params(kernels, KS._pack([("E", "u32", E), ("A", "u32", A), ("BT", "u32", g.bt),
                                       ("max_tiles", "u32", g.max_tiles)]), None, "moe_group")
-    return Dispatch(pipe, kernels.bind(pipe, [p, ids, g.cursor, g.order, g.tiles]), (1, 1, 1), f"moe_group {E}")
+    return Dispatch(pipe, kernels.bind(pipe, [p, ids, g.order, g.tiles]), (1, 1, 1), f"moe_group {E}")
 
 
 class Groups:
-    """Buffers of one grouping (cursor per expert, order per pair, tiles of at most bt pairs)."""
+    """Buffers of one grouping (order per pair, tiles of at most bt pairs)."""
 
     def __init__(self, scratch, E: int, A: int, bt: int):
         self.bt, self.max_tiles = bt, -(-A // bt) + E
-        self.cursor = scratch(f"cursor{bt}", 4 * E)
         self.order = scratch(f"order{bt}", 4 * A)
         self.tiles = scratch(f"tiles{bt}", 16 * self.max_tiles)
 

@@ -277,6 +277,37 @@ def _grouped_pairs(rng, T: int, E: int) -> np.ndarray:
 MMQ_TYPES = sorted(KMQ.READERS, key=int)
 
 
+@pytest.mark.parametrize("E,A,bt", [(5, 37, 32), (128, 4096, 32), (300, 999, 64), (1024, 700, 16)],
+                         ids=["E5", "E128-512x8", "E300", "E1024"])
+def test_grouping_orders_pairs_and_cuts_tiles(gpu, kernels, E, A, bt):
+    """moe_group: the tile list is every expert with pairs, in expert order, cut into runs of at most
+    bt pairs starting where the expert's pairs start in `order`, zeros past the last; `order` is a
+    permutation of the pairs with each run holding its expert's pairs. Experts with no pairs, one
+    pair, and many (one takes a fifth of them)."""
+    rng = np.random.default_rng(E + A)
+    ids = rng.integers(0, E, A)
+    ids[rng.random(A) < 0.2] = E // 2  # a heavy expert
+    ids[ids == 1] = 0  # expert 1 gets none
+    if E > 3:
+        ids[:1] = 3  # expert 3 at least one
+    sc = KMoE.Scratch(gpu)
+    g = KMoE.Groups(sc, E, A, bt)
+    run(gpu, [KMoE.group_dispatch(kernels, _u32(gpu, ids), g, E, A)])
+    order = read(gpu, g.order, np.uint32, A)
+    tiles = read(gpu, g.tiles, np.uint32, 4 * g.max_tiles).reshape(-1, 4)
+    assert sorted(order.tolist()) == list(range(A))
+    counts = np.bincount(ids, minlength=E)
+    want, off = [], 0
+    for e in range(E):
+        for s0 in range(0, counts[e], bt):
+            want.append([e, off + s0, min(bt, counts[e] - s0), 0])
+        off += counts[e]
+    assert tiles[:len(want)].tolist() == want
+    assert not tiles[len(want):].any()
+    for e, first, n, _ in want:
+        assert (ids[order[first:first + n]] == e).all()
+
+
 @pytest.mark.parametrize("q", MMQ_TYPES, ids=[t.name.lower() for t in MMQ_TYPES])
 @pytest.mark.parametrize("split", [False, True], ids=["one-binding", "split-by-experts"])
 def test_grouped_expert_gemm_per_type(gpu, kernels, q, split):
