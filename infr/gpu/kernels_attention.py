@@ -264,23 +264,34 @@ def tiled2_shape(n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     return Tiled2(M, hg, QPI, KPI)
 
 
+def _workgroup_mem(kernels: Kernels) -> int:
+    return int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+
+
 def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
                  tiling: tuple[int, int, int] | None = None, T: int | None = None) -> int:
     """Which tiled prefill kernel takes a shape: 2 (attn_tiled2) on Dawn where the device's
-    workgroup memory holds its tiles, else 1 (attn_tiled). INFR_ATTN_TILED=1 / 2 forces one
-    (2 still only where it fits). Measured on an H100 at T = 512 (perf/attn_prefill_time.py,
+    workgroup memory holds its tiles, else 1 (attn_tiled) where it holds attn_tiled's (tiled_bytes),
+    else 0 (neither: the one-pass kernel). INFR_ATTN_TILED=1 / 2 forces one (still only where it
+    fits). Measured on an H100 at T = 512 (perf/attn_prefill_time.py,
     8B shape): through Dawn attn_tiled2 223 µs against attn_tiled's 346; through wgpu-native
     (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
     there (its register arrays indexed in loops are the suspect)."""
+    if _tiled2_takes(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T):
+        return 2
+    return 1 if tiled_bytes(head_dim, v_head_dim) <= _workgroup_mem(kernels) else 0
+
+
+def _tiled2_takes(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
+                  tiling: tuple[int, int, int] | None, T: int | None) -> bool:
     force = TU.current().attention.tiled
     if force == 1 or head_dim % 8 or v_head_dim % 4 or max(head_dim, v_head_dim) > TILED2_MAX_DIM:
-        return 1
+        return False
     if force != 2 and not kernels.dev.dawn:
-        return 1
+        return False
     t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling or default_tiling(kernels, head_dim, v_head_dim), T)
-    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
     inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
-    return 2 if t.workgroup_bytes(head_dim, v_head_dim) <= mem and t.WG <= inv else 1
+    return t.workgroup_bytes(head_dim, v_head_dim) <= _workgroup_mem(kernels) and t.WG <= inv
 
 
 def default_tiling(kernels: Kernels, head_dim: int, v_head_dim: int) -> tuple[int, int, int] | None:
@@ -290,7 +301,7 @@ def default_tiling(kernels: Kernels, head_dim: int, v_head_dim: int) -> tuple[in
     INFR_ATTN_WIDE); None (tiled2_shape's choice) elsewhere."""
     if max(head_dim, v_head_dim) <= 128 or TU.current().attention.tiled2:
         return None
-    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    mem = _workgroup_mem(kernels)
     for tiling in ((32, 2, 2), (16, 2, 2), (8, 2, 2)) if max(head_dim, v_head_dim) > 256 else ((32, 2, 2),):
         if Tiled2(tiling[0], 1, tiling[1], tiling[2]).workgroup_bytes(head_dim, v_head_dim) <= mem:
             return tiling
@@ -314,6 +325,9 @@ def tiled_dispatch(
                              blocks_per_seq=pg.blocks_per_seq, chunk=chunk)
     p = storage(kernels.dev, np.frombuffer(data, np.uint8), label="attn.params", uniform=True)
     kernel = kernel or tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
+    if not kernel:
+        raise ValueError(f"no tiled attention kernel fits head dims {head_dim}/{v_head_dim} in this device's "
+                         f"{_workgroup_mem(kernels)} bytes of workgroup memory")
     if kernel == 2 and tiling is None and T is not None:
         tiling = default_tiling(kernels, head_dim, v_head_dim)
     pipe = tiled_pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, pg.block_size, kernel, tiling, T)
@@ -409,12 +423,9 @@ def attention_dispatches(
                                  chunk=chunk)
         return [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, kv_max=near, xq=xq,
                                       chunk=chunk)] + split
-    mem = int(kernels.dev.limits.get("max-compute-workgroup-storage-size", 16384))
-    if mode == "tiled" and tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, T=T) == 1 \
-            and tiled_bytes(head_dim, v_head_dim) > mem:
-        mode = "fallback"  # attn_tiled's tiles past this device's workgroup memory
-    if mode == "tiled":
-        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args, chunk=chunk)]
+    kernel = tiled_kernel(kernels, n_heads, kv_heads, head_dim, v_head_dim, T=T) if mode == "tiled" else 0
+    if kernel:  # else no tiled kernel's tiles fit this device's workgroup memory: the one-pass kernel
+        out_d = [tiled_dispatch(kernels, q, kcache, vcache, out, pg, *args, chunk=chunk, kernel=kernel)]
     else:
         out_d = [KS.attention_dispatch(kernels, q, kcache, vcache, out, pg, *args, xq=xq, chunk=chunk)]
         xq = None
