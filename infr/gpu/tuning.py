@@ -28,8 +28,9 @@ class AttentionTuning:
     one_pass_ctx: int = 1024
     tiled: int = 0  # the prefill kernel: 0 by device (kernels_attention.tiled_kernel), 1 attn_tiled, 2 attn_tiled2
     tiled2: tuple[int, int, int] | None = None  # attn_tiled2's (M, QPI, KPI) tiling, for tuning
-    # 1: prefill at head dims past 256 (Gemma 4's full layers, 512) takes attn_tiled's 8-row blocks; 0 (until
-    # timed on a GPU: perf/attn_prefill_time.py --wide) the one-pass kernel, as before stop 31
+    # 1: prefill at head dims past 256 (Gemma 4's full layers, 512) takes the tiled kernels; 0: the one-pass
+    # kernel, which an H100 ran faster at 512 (perf/attn_prefill_time.py --wide --flavor dawn, 8/1 heads:
+    # 772 µs against attn_tiled's 837 and attn_tiled2's 860; perf/h200/attention-d512-and-host-2026-12-06-h100.txt)
     wide: int = 0
 
     @classmethod

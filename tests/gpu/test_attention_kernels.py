@@ -293,7 +293,8 @@ def test_lowering_picks_the_kernel(gpu, kernels, monkeypatch, tune):
     assert pick(KA.SPLIT_MAX_T + 1, 64) == [_tiled_name(kernels)]
     assert pick(37, 512) == ["attention"]  # head dim 512: the one-pass kernel unless INFR_ATTN_WIDE=1
     tune(INFR_ATTN_WIDE="1")
-    assert pick(37, 512) == ["attn_tiled"]  # attn_tiled's 8-row blocks (26 KiB)
+    tiled = KA.tiled_kernel(kernels, 4, 2, 512, 512, T=37)  # attn_tiled's 8-row blocks (26 KiB), attn_tiled2's 41 KiB
+    assert tiled and pick(37, 512) == [{1: "attn_tiled", 2: "attn_tiled2"}[tiled]]
     small = dict(gpu.limits, **{"max-compute-workgroup-storage-size": KA.tiled_bytes(512, 512) - 1})
     monkeypatch.setattr(gpu, "limits", small)
     assert pick(37, 512) == ["attention"]  # past the device's workgroup memory: the one-pass kernel
