@@ -102,13 +102,18 @@ class GemvTuning:
     loaded once for all of them), U block steps unrolled, the subgroup size
     its reductions use (0: shared memory only), and NT, the most tokens one
     workgroup takes (a batch of T tokens reads the weights ceil(T / NT)
-    times). INFR_GEMV_R / _U / _SG / _NT override (for measuring; read once,
+    times), and UB, the block steps unrolled where a workgroup takes more than
+    one token. INFR_GEMV_R / _U / _UB / _SG / _NT override (for measuring; read once,
     infr.gpu.tuning; SG -1: the device's subgroup size). With
     8-bit activations one row and two steps in flight measured best on the
     H200 for every Llama shape (Q4_K; perf/h200/gemv-bench-2026-12-01-q8.json)."""
 
     R: int = 1
     U: int = 2
+    # A workgroup of NT > 1 tokens holds R x U weight blocks while each token's activations meet
+    # them; one step in flight did better on an H100 (8B Q4_K_M, perf/batched_bench.py -npl 8,32):
+    # 8 rows 987.8 against 838.3 t/s, 32 rows 1332.7 against 1266.7 (perf/h200/gemv-ub-2026-12-06-h100.txt).
+    UB: int = 1
     SG: int = -1
     NT: int = 8
     # 1: compiled without wgpu's runtime checks (runtime.unchecked_module), as Dawn runs it: every
@@ -118,9 +123,9 @@ class GemvTuning:
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":
-        keys = ("R", "U", "SG", "NT", "UNCHECKED")
+        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED")
         t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in keys if env.get(f"INFR_GEMV_{k}")})
-        if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
+        if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or t.UB not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
                 or t.UNCHECKED not in (0, 1)):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
@@ -185,8 +190,9 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
-    R, U = (2, t.U) if pair else (t.R, t.U)  # a pair's two rows are its gate and up
     nt = 1 if expert else t.tokens(T)
+    U = t.U if nt == 1 else t.UB
+    R = 2 if pair else t.R  # a pair's two rows are its gate and up
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(

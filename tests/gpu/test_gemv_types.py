@@ -85,6 +85,23 @@ def test_gemv(gpu, kernels, qtype, shape):
     _check(read(gpu, y, count=T * N).reshape(T, N), x, t, extra)
 
 
+@pytest.mark.parametrize("ub", ["2", "4"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_batched_gemv_at_every_unroll(gpu, kernels, tune, qtype, ub):
+    """Workgroups of several tokens unroll GemvTuning.UB block steps (1 by default, which test_gemv
+    covers); the other unrolls the tuning takes give the same products (19 tokens, 7 of 8 blocks)."""
+    tune(INFR_GEMV_UB=ub)
+    rng = np.random.default_rng([int(qtype), int(ub)])
+    N, K, T = 21, 7 * 256, 19
+    t = make_weight(qtype, N, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    y = storage(gpu, np.full((T, N), np.nan, np.float32))
+    ds = KM.matmul_dispatches(kernels, t, KM.upload_weight(gpu, t), storage(gpu, x), y, None, T)
+    assert [d.label.split()[0] for d in ds] == ["quantize_q8", f"gemv_{qtype.name.lower()}"]
+    run(gpu, ds)
+    _check(read(gpu, y, count=T * N).reshape(T, N), x, t, 0.0)
+
+
 def test_gemv_chunked(gpu, kernels):
     """A Q6_K weight in row chunks (binding limit ~40 rows): one dispatch per chunk, rows from row0."""
     rng = np.random.default_rng(4)
