@@ -114,6 +114,7 @@ class Backend(RecurrentStates, Protocol):
     block_size: int
     kv_bytes_per_token: int  # KV cache bytes one token takes, all layers
     multi_step: int  # greedy decode steps decode_steps runs per call (1: none; the engine calls step)
+    max_rows: int  # the most rows one step runs: the engine cuts its batch-token budget to it
 
     def step(self, batch: Batch) -> StepResult:
         """Every row of the batch through the model; one sampled token per output row."""

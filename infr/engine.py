@@ -104,6 +104,14 @@ class Model:
                                     kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens, cpu_moe=cpu_moe,
                                     split=split)
         self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
+        # A budget past what the backend's step holds is cut to it (llama-server's -b past -ub runs in
+        # ubatches; here a step is one ubatch), and said, rather than failing every request of a large step.
+        self.batch_note = ""
+        if batch_tokens > self.backend.max_rows:
+            self.batch_note = (f"{batch_tokens} tokens per step asked; the {self.backend_name} backend runs at most "
+                               f"{self.backend.max_rows}")
+            batch_tokens = self.backend.max_rows
+        self.batch_tokens = batch_tokens
         self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
         # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`
         # sequences; the engine gives their blocks back as they fall out of the window (infr/kvseq.py).

@@ -86,8 +86,14 @@ async def _round(base: str, streams: int, tokens: int, offset: int) -> dict:
         wall = time.perf_counter() - t0
     total = sum(n for n, _, _ in got)
     per = [rate for _, _, rate in got if rate > 0]
+    # Every request ignores end-of-generation: a stream with fewer tokens ended in an error event (an
+    # aggregate over the streams that did finish would read as a rate of the whole load).
+    short = sum(1 for n, _, _ in got if n != tokens)
+    if short:
+        print(f"  {short} of {streams} streams did not give {tokens} tokens", file=sys.stderr)
     return {"streams": streams, "prompt_tokens": sum(p for _, p, _ in got), "generated_tokens": total,
-            "seconds": wall, "aggregate_tps": total / wall, "per_stream_tps_mean": sum(per) / len(per) if per else 0.0}
+            "seconds": wall, "aggregate_tps": total / wall, "per_stream_tps_mean": sum(per) / len(per) if per else 0.0,
+            "incomplete_streams": short}
 
 
 def _wait(base: str, proc: subprocess.Popen, log: Path, timeout: float = 900) -> None:

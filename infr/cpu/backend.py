@@ -40,6 +40,7 @@ class ContextFullError(InfrError):
 class CPUBackend:
     name = "cpu"
     multi_step = 1  # the engine runs one step per call (each step's tokens are known at once)
+    max_rows = 1 << 20  # no buffers sized by it: the engine's budget decides
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, kv_blocks: "int | KVBudget | None" = None,
                  block_size: int = BLOCK_SIZE, max_seqs: int | None = None, batch_tokens: int | None = None):

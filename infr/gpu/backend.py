@@ -74,6 +74,7 @@ def forward_chunks(backend, tokens, start: int, n_logits: int) -> tuple[np.ndarr
 
 class GPUBackend(Graphs):
     name = "gpu"
+    max_rows = MAX_BATCH  # every step buffer holds MAX_BATCH rows
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, dev: Device | None = None, kernels: Kernels | None = None,
                  progress=None, kv_blocks: "int | KVBudget | None" = None, block_size: int = KS.BLOCK_SIZE,

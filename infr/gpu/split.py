@@ -62,6 +62,7 @@ class SplitBackend:
     """The engine's Backend (infr/backends.py) over parts of a plan on several devices."""
 
     multi_step = 1  # one step per call: the hand-over goes through the host (module docstring)
+    max_rows = MAX_BATCH
 
     def __init__(self, gf: GGUFFile, plan: Plan, n_ctx: int, parts: list, progress=None, kv_blocks=None,
                  block_size: int = KS.BLOCK_SIZE, max_seqs: int = 64, batch_tokens: int | None = None,

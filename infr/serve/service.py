@@ -139,10 +139,11 @@ class Service:
             sized += "; " + model.checkpoints.line()
         if model.window_checkpoints is not None:  # the window layers' last windows pinned for prefix reuse
             sized += "; " + model.window_checkpoints.line()
+        per_step = f" ({model.batch_note})" if model.batch_note else ""
         log.info("loaded %s on %s in %.1fs%s; %d parallel sequence(s), KV cache %d tokens (%d blocks of %d, "
-                 "%.1f MiB%s), %d tokens per step", path.name, model.backend_name, time.perf_counter() - t0, note,
+                 "%.1f MiB%s), %d tokens per step%s", path.name, model.backend_name, time.perf_counter() - t0, note,
                  cfg.parallel, pool.n_blocks * pool.block_size, pool.n_blocks, pool.block_size, mib, sized,
-                 cfg.batch_tokens)
+                 model.batch_tokens, per_step)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run_engine, name="infr-engine", daemon=True)
         self._thread.start()

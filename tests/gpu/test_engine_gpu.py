@@ -38,6 +38,21 @@ def test_batched_equals_alone_and_the_cpu_reference(gpu, tiny_path):  # noqa: F8
     assert on_gpu.pool.used == 0
 
 
+def test_batch_budget_past_the_gpu_step_is_cut_to_it(gpu, tiny_path):  # noqa: F811
+    """--batch-tokens 2048 on the GPU backend, whose step buffers hold MAX_BATCH rows: the engine cuts
+    its budget to those rows and says so, and prompts of more rows than one step holds all finish with
+    the tokens each gives alone (every request of such a step failed before)."""
+    from infr.gpu.backend import MAX_BATCH
+
+    prompts = [list(range(1 + i, 201 + i)) for i in range(3)]  # 600 prompt rows
+    model = Model(tiny_path, n_ctx=256, backend="gpu", parallel=3, batch_tokens=4 * MAX_BATCH)
+    assert model.batch_tokens == model.backend.max_rows == MAX_BATCH
+    assert f"{4 * MAX_BATCH} tokens per step asked" in model.batch_note and str(MAX_BATCH) in model.batch_note
+    together = _run(model, prompts)
+    assert model.engine.stats.max_rows == MAX_BATCH  # a full step
+    assert together == [_run(model, [p], cache_prompt=False)[0] for p in prompts]
+
+
 def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F811
     model = Model(tiny_path, n_ctx=128, backend="gpu", parallel=3)
     calls, real = [], model.backend.decode_steps
