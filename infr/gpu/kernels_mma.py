@@ -102,6 +102,10 @@ PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times o
 # the GEMV took 0.080 / 0.102 / 0.224 ms for q/o, qkv and down against the 64 x 32 tile's 0.112 / 0.114
 # / 0.389, while the tile won the gate||up pair, 0.244 against 0.371.
 PLAIN_MIN_T = 33
+# And below this many a gate||up pair does too: on an H100 (8B Q4_K_M, perf/batched_bench.py -npl 8,16,32,
+# perf/h200/gemv-ub-2026-12-06-h100.txt) 16 rows decoded at 1150 t/s with the GEMV's pair against 1038
+# with the tile, while 32 rows took the tile, 1435 against 1268. Rows in between are not measured.
+PAIR_MIN_T = 17
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class MmaTuning:
     tiles: tuple[MmaTile, ...] = TILES
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
+    pair_min_t: int = PAIR_MIN_T
     experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; expert_tile_for)
 
     @classmethod
@@ -124,6 +129,8 @@ class MmaTuning:
             t = replace(t, min_groups=int(env["INFR_MMA_MIN_GROUPS"]))
         if env.get("INFR_MMA_PLAIN_MIN_T"):
             t = replace(t, plain_min_t=int(env["INFR_MMA_PLAIN_MIN_T"]))
+        if env.get("INFR_MMA_PAIR_MIN_T"):
+            t = replace(t, pair_min_t=int(env["INFR_MMA_PAIR_MIN_T"]))
         if env.get("INFR_MMA_EXPERTS") in ("0", "1"):
             t = replace(t, experts=env["INFR_MMA_EXPERTS"] == "1")
         return t
@@ -154,11 +161,11 @@ def available(dev) -> bool:
     )
 
 
-def keeps_gemv(dev, T: int) -> bool:
-    """Whether a plain product of T rows stays on the int8 GEMV because the device has these tensor
-    cores (MmaTuning.plain_min_t; gate||up pairs take the tiles from kernels_mmq's min_t)."""
+def keeps_gemv(dev, T: int, pair: bool = False) -> bool:
+    """Whether a plain product (a gate||up `pair`) of T rows stays on the int8 GEMV because the device
+    has these tensor cores (MmaTuning.plain_min_t, pair_min_t)."""
     t = TU.current().mma
-    return t.on and T < t.plain_min_t and available(dev)
+    return t.on and T < (t.pair_min_t if pair else t.plain_min_t) and available(dev)
 
 
 # The grouped expert products (MUL_MAT_ID) on these tiles are checked against the reference on an

@@ -274,10 +274,10 @@ def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None, pair: bool = 
     with a bare tensor), in batches of min_t tokens or more, on every adapter
     (on lavapipe Q4_K beat the f32 GEMM that runs batches there at T = 16 and
     64 alike; on the H200 the GEMV wins below 32 tokens). `pair`: a gate||up pair, which takes the
-    tensor cores from min_t rows where plain products keep the GEMV (kernels_mma.keeps_gemv)."""
+    tensor cores from fewer rows than plain products do (kernels_mma.keeps_gemv)."""
     if tensor is not None and not (applies(tensor) and (takes_q8(tensor.qtype) if q8 is None else q8)):
         return False
-    if tensor is not None and not pair and KMA.keeps_gemv(dev, T):  # batched decode's plain products
+    if tensor is not None and KMA.keeps_gemv(dev, T, pair):  # batched decode's products
         return False
     return T >= min_tokens(dev)
 

@@ -163,8 +163,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
 
 def test_batched_decode_keeps_the_gemv_for_plain_products():
     """Where the tensor cores are, a plain product of fewer than plain_min_t rows stays on the int8
-    GEMV and a gate||up pair takes them from kernels_mmq's min_t (measured per product on an H100);
-    without them, or with INFR_MMA=0, mmq's own threshold alone."""
+    GEMV and a gate||up pair below pair_min_t (each measured on an H100); without them, or with
+    INFR_MMA=0, mmq's own threshold alone."""
     from types import SimpleNamespace
 
     from infr.gpu import tuning
@@ -178,9 +178,12 @@ def test_batched_decode_keeps_the_gemv_for_plain_products():
     lo, hi = KMQ.MMQ_MIN_T, KMA.PLAIN_MIN_T
     use = lambda dev, T, pair=False: KMQ.use_mmq(T, dev, w, True, pair=pair)  # noqa: E731
     assert [use(mma_dev, T) for T in (lo - 1, lo, hi - 1, hi)] == [False, False, False, True]
-    assert [use(mma_dev, T, pair=True) for T in (lo - 1, lo, hi - 1)] == [False, True, True]
+    pair = KMA.PAIR_MIN_T
+    assert lo < pair < hi
+    assert [use(mma_dev, T, pair=True) for T in (lo, pair - 1, pair, hi - 1)] == [False, False, True, True]
     assert [use(plain_dev, T) for T in (lo - 1, lo, hi - 1)] == [False, True, True]
     assert KMQ.use_mmq(lo, mma_dev)  # no tensor: the batch size alone (the grouped experts' test)
     with tuning.override(mma=KMA.MmaTuning(on=False)):
         assert use(mma_dev, lo)
     assert KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_MIN_T": "64"}).plain_min_t == 64
+    assert KMA.MmaTuning.from_env({"INFR_MMA_PAIR_MIN_T": "33"}).pair_min_t == 33
