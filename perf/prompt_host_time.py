@@ -4,6 +4,7 @@ and the rest (graph lookup, uploads, encoding), for synth models on one backend.
 
     source .gpu/setup.sh && python3 perf/prompt_host_time.py gemma4-e2b gemma4-26b-a4b llama-3.1-8b --backend dawn
     python3 perf/prompt_host_time.py tiny-gemma4-e2b tiny-llama --T 64          # lavapipe smoke run
+    INFR_SUBMIT_PARTS=4 python3 perf/prompt_host_time.py gemma4-e2b --backend dawn  # the body in 4 submits
 
 Why: Dawn profiles of stop 31 gave Gemma 4's prompts 96-142 µs a token in `submit` against the 8B's 2.9,
 and E2B's pp512 swung from 3778 to 9282 t/s between runs. Dawn records its Vulkan commands at submit, so a

@@ -40,6 +40,7 @@ from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_sample as KSA
 from infr.gpu import profile
+from infr.gpu import tuning as TU
 from infr.gpu.device import Device, get_device
 from infr.gpu.graphs import MAX_LOGIT_ROWS, Graphs
 from infr.gpu.kvstore import KVStore
@@ -284,9 +285,16 @@ class GPUBackend(Graphs):
     def _encode_body(self, enc, body, timer, n: int):
         """The graph body into enc; the encoder to go on in. A body with host MoE steps (cpu_moe)
         submits what precedes each step, runs it on the first n rows (the live ones) and goes on in
-        a new encoder."""
+        a new encoder. A step of n >= submit_min_t rows submits all but the last of submit_parts
+        parts of its body as it encodes them (infr.gpu.tuning: the GPU starts while the host goes on)."""
         if not isinstance(body, HM.HostRecording):
-            _encode(enc, body, timer)
+            tu = TU.current()
+            pieces = body.parts(tu.submit_parts) if timer is None and n >= tu.submit_min_t else [body]
+            for piece in pieces[:-1]:
+                _encode(enc, piece)
+                self.dev.device.queue.submit([enc.finish()])
+                enc = self.dev.device.create_command_encoder()
+            _encode(enc, pieces[-1], timer)
             return enc
         for part in body.parts:
             if isinstance(part, HM.HostMoE):

@@ -242,6 +242,15 @@ class Recording:
         self.calls = raw_calls("dawn" if dawn else "wgpu")
         self.raw = [(d.pipeline._internal, d.bind_group._internal, *d.groups) for d in self.dispatches] \
             if self.calls else None
+        self._parts: dict[int, list[Recording]] = {}
+
+    def parts(self, k: int) -> list["Recording"]:
+        """This recording as at most k consecutive recordings of near-equal length (made once per k)."""
+        if k not in self._parts:
+            n = len(self.dispatches)
+            cuts = sorted({n * i // k for i in range(k + 1)})
+            self._parts[k] = [Recording(self.dispatches[a:b]) for a, b in zip(cuts[:-1], cuts[1:])] or [self]
+        return self._parts[k]
 
     def __len__(self) -> int:
         return len(self.dispatches)

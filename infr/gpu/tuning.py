@@ -1,6 +1,6 @@
 """Every tuning knob of the GPU kernels in one object, read from the environment once.
 
-INFR_GEMV_*, INFR_MMQ_*, INFR_MMA*, INFR_ATTN_* and INFR_GEMM_MIN_T set it (for
+INFR_GEMV_*, INFR_MMQ_*, INFR_MMA*, INFR_ATTN_*, INFR_SUBMIT_* and INFR_GEMM_MIN_T set it (for
 measuring; the defaults are the measured best). Kernels ask `current()`, never
 os.environ, so a graph build costs no environment lookups and a knob means the same
 in every module. A benchmark that changes the variables in-process calls `reload()`;
@@ -71,7 +71,9 @@ class Tuning:
     tiles that replace mmq's on Dawn); attention: AttentionTuning; gemm_min_t: the
     smallest batch the f32 GEMM takes (None: kernels_gemm's rule; 0 in the
     environment: never); deltanet_chunk_rows: the smallest prompt batch the chunked
-    delta rule takes (kernels_deltanet.chunk_rows: CHUNK_ROWS, CHUNK_ROWS_DAWN on Dawn; INFR_DELTANET_CHUNK_ROWS, 0: never)."""
+    delta rule takes (kernels_deltanet.chunk_rows: CHUNK_ROWS, CHUNK_ROWS_DAWN on Dawn; INFR_DELTANET_CHUNK_ROWS, 0: never);
+    submit_parts: command buffers a step of submit_min_t rows or more is submitted in as it is
+    encoded (INFR_SUBMIT_PARTS, INFR_SUBMIT_MIN_T; 1: one, as every measurement so far)."""
 
     gemv: object = field(default_factory=lambda: _gemv({}))
     mmq: object = field(default_factory=lambda: _mmq({}))
@@ -79,16 +81,25 @@ class Tuning:
     attention: AttentionTuning = field(default_factory=AttentionTuning)
     gemm_min_t: int | None = None
     deltanet_chunk_rows: int | None = None
+    # Dawn records a command buffer's Vulkan commands at submit: 4.5 ms of Gemma 4 E2B's 73 ms prompt
+    # forward (perf/prompt_host_time.py) in which the GPU has nothing yet. In parts, the GPU starts on
+    # the first while the host records the rest. Not yet timed on a GPU, so off.
+    submit_parts: int = 1
+    submit_min_t: int = 64
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
         env = os.environ if env is None else env
         gemm = env.get("INFR_GEMM_MIN_T")
         chunk = env.get("INFR_DELTANET_CHUNK_ROWS")
+        parts, part_t = int(env.get("INFR_SUBMIT_PARTS") or 1), int(env.get("INFR_SUBMIT_MIN_T") or 64)
+        if parts < 1 or part_t < 1:
+            raise ValueError(f"INFR_SUBMIT_PARTS and INFR_SUBMIT_MIN_T must be at least 1, got {parts}, {part_t}")
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
             deltanet_chunk_rows=(int(chunk) if int(chunk) > 0 else 1 << 30) if chunk else None,
+            submit_parts=parts, submit_min_t=part_t,
         )
 
 
