@@ -4,7 +4,7 @@ decode-size batches, against the CPU reference (the weights widened to float64, 
 Shapes: the Qwen3-30B-A3B router (128 x 2048 F32: teams of 256 lanes, two loads each), an odd
 6 x 64 (one workgroup, rows past N and lanes past the row idle), a row longer than a team's
 loads in flight (K = 2600); T = 1..4 (a workgroup takes all of them), 11 (two, the second part
-full); bias and the fused residual; both reductions (subgroups, shared memory); Tint compiles
+full), 19 over several blocks of rows (the grid numbered token groups first); bias and the fused residual; both reductions (subgroups, shared memory); Tint compiles
 every variant; a tiny MoE model's decode routes through it.
 """
 
@@ -54,7 +54,8 @@ def _run(gpu, kernels, q: Q, N: int, K: int, T: int, has_bias: bool, has_resid: 
 
 # (N, K, T, bias, resid)
 SHAPES = [(128, 2048, 1, False, False), (128, 2048, 4, True, False), (6, 64, 1, False, False),
-          (6, 64, 2, True, True), (6, 64, 3, False, True), (6, 64, 4, False, False), (9, 2600, 11, True, True)]
+          (6, 64, 2, True, True), (6, 64, 3, False, True), (6, 64, 4, False, False), (9, 2600, 11, True, True),
+          (37, 512, 19, False, True)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}-T{s[2]}")
