@@ -34,7 +34,7 @@
 // reads of a block for the next token come from the cache.
 // EXPERT (expert_on.wgsl): the rows are an expert bank's, each token index a (token, slot)
 // pair routed to its own expert (kernels_moe; NT = 1).
-// dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1), numbered as main says.
+// dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1), numbered by grid_cell (matmul_common).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
@@ -223,24 +223,15 @@ fn row_base(seg: u32, r: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
     {{PROLOGUE}}
-    // NT > 1: the grid is (row blocks, token groups), numbered so that the token groups of one row
-    // block are neighbours (workgroups start in x-then-y order): the rows they share come from the
-    // cache once. In grid order a 32-row step read the 8B's 420 MB output head from memory 4 times.
-    var rows_at = wid.x;
-    var tokens_at = wid.y;
-    if (NT > 1u) {
-        let g = wid.x + wid.y * nwg.x;
-        rows_at = g / nwg.y;
-        tokens_at = g % nwg.y;
-    }
-    let t0 = tokens_at * NT;  // the workgroup's first token
+    let cell = grid_cell(wid, nwg, NT > 1u);  // (row block, token group): token groups first
+    let t0 = cell.y * NT;  // the workgroup's first token
     if (t0 >= params.T || expert_skip(t0)) {  // expert_on: NT == 1, t0 a (token, slot) pair
         return;
     }
     let team = tid / TEAM;
     let lane = tid % TEAM;
     let part = lane % 8u;
-    let first = (rows_at * TEAMS + team) * OUT;  // the team's first output row
+    let first = (cell.x * TEAMS + team) * OUT;  // the team's first output row
     let nsub = params.K / 32u;  // 32-value sub-blocks per row
     let nch = (nsub + 7u) / 8u;  // 256-value chunks (the last may be partial)
     let xk = params.K / 16u;  // the scales' offset in a token's row of xq

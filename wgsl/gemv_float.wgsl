@@ -11,7 +11,7 @@
 // SG > 0: team sums by subgroupAdd, then across the team's subgroups in shared memory; SG = 0: a
 // shared-memory tree. Params and the row epilogue (bias, fused residual) are matmul_common's.
 // EXPERT (expert_on.wgsl): rows of the expert bank that ids picks per (token, slot) pair (NT = 1).
-// dispatch (ceil(N_chunk / (WG / TEAM)), ceil(T / NT), 1), numbered as main says.
+// dispatch (ceil(N_chunk / (WG / TEAM)), ceil(T / NT), 1), numbered by grid_cell (matmul_common).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -58,23 +58,16 @@ fn wdot_bf16(v: vec4<u32>, xi: u32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
-    // NT > 1: the token groups of one block of rows are neighbours in launch order (as gemv.wgsl), so
-    // a prompt's T / NT reads of a matrix past the cache's size (Gemma 4's 8960-row PLE projection)
-    // come from memory about once.
-    var rows_at = wid.x;
-    var tokens_at = wid.y;
-    if (NT > 1u) {
-        let g = wid.x + wid.y * nwg.x;
-        rows_at = g / nwg.y;
-        tokens_at = g % nwg.y;
-    }
-    let t0 = tokens_at * NT;  // the workgroup's first token (expert_on: a (token, slot) pair, NT == 1)
+    // (row block, token group), token groups first: a prompt's T / NT reads of a matrix past the
+    // cache's size (Gemma 4's 8960-row PLE projection) come from memory about once.
+    let cell = grid_cell(wid, nwg, NT > 1u);
+    let t0 = cell.y * NT;  // the workgroup's first token (expert_on: a (token, slot) pair, NT == 1)
     // Uniform guard (workgroup id, params and a read-only binding): the barriers below stay legal.
     if (t0 >= params.T || expert_skip(t0)) {
         return;
     }
     let lane = tid % TEAM;
-    let row = rows_at * ROWS + tid / TEAM;
+    let row = cell.x * ROWS + tid / TEAM;
     let r = min(row, params.N - 1u);  // rows past N read row N - 1 and are not stored
     let nv = params.row_bytes / 16u;  // loads per row
     let wbase = (r * params.row_bytes + expert_byte(0u, t0)) / 16u;

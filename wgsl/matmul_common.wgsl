@@ -55,3 +55,15 @@ fn store_row(r: u32, t: u32, acc: f32) {
     }
     y[yi] = v;
 }
+
+// A GEMV workgroup's (row block, token group) on a grid of (row blocks, token groups). With
+// `tokens_first` (workgroups of several tokens) the cells are numbered so that the token groups of
+// one row block are neighbours in launch order (x, then y): the rows they share come from the cache
+// once. In grid order a 32-row decode step read the 8B's 420 MB output head from memory 4 times.
+fn grid_cell(wid: vec3<u32>, nwg: vec3<u32>, tokens_first: bool) -> vec2<u32> {
+    if (!tokens_first) {
+        return wid.xy;
+    }
+    let g = wid.x + wid.y * nwg.x;
+    return vec2<u32>(g / nwg.y, g % nwg.y);
+}
