@@ -33,3 +33,18 @@ def test_bad_device_number():
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 1
     assert "infr: error: device 99 does not exist" in proc.stderr
+
+
+def test_dawn_toggles_from_the_environment():
+    """INFR_DAWN_TOGGLES adds the measured extras to Dawn's toggles, each once; a name outside them
+    fails with the list (a typo would otherwise leave a measurement with the defaults unnoticed)."""
+    import pytest
+
+    from infr.errors import InfrError
+    from infr.gpu import device as D
+
+    assert D.dawn_toggles({}) == D.DAWN_TOGGLES
+    got = D.dawn_toggles({"INFR_DAWN_TOGGLES": " skip_validation,disable_workgroup_init,skip_validation"})
+    assert got == D.DAWN_TOGGLES + ("skip_validation", "disable_workgroup_init")
+    with pytest.raises(InfrError, match="unknown skip_validaton; choose from skip_validation"):
+        D.dawn_toggles({"INFR_DAWN_TOGGLES": "skip_validaton"})
