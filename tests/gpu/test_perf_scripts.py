@@ -45,3 +45,22 @@ def test_prompt_host_time_splits_a_forward(gpu):
     gf = open_gguf(bench.synth_path("tiny-llama"))  # the file the script ran
     body, head, _ = GPUBackend(gf, build_plan(build_spec(gf)), 64)._graph(20, 1)
     assert n == len(body.dispatches) + len(head.dispatches)
+
+
+def test_decode_host_time_splits_a_step(gpu):
+    """perf/decode_host_time.py: per decode step, the time encoding and in submit are both caught and
+    within the step's wall time, and a step encodes the dispatches of the multi-step graph (the same
+    count every step: 16 steps after a 20-token prompt stay near)."""
+    lines = _run("perf/decode_host_time.py", "tiny-llama", "--n", "16", "--depth", "20", "--reps", "1")
+    row = next(ln.split() for ln in lines if ln.startswith("tiny-llama"))
+    step, encode, submit, n = float(row[1]), float(row[2]), float(row[3]), float(row[5])
+    assert encode > 0 and submit > 0 and encode + submit <= step
+    from infr import bench
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    gf = open_gguf(bench.synth_path("tiny-llama"))  # the file the script ran
+    be = GPUBackend(gf, build_plan(build_spec(gf)), 64)
+    assert n == len(be._multi_step(1, False, be._sampling().load([])))
