@@ -60,6 +60,18 @@ def choose_backend(name: str) -> tuple[str, str | None]:
     return "gpu", None
 
 
+def step_rows(name: str) -> int:
+    """The most rows one step of backend `name` runs (its class's max_rows), known before it is made:
+    the engine cuts its batch-token budget to it, and that budget sizes the window store."""
+    if name == "cpu":
+        from infr.cpu.backend import CPUBackend
+
+        return CPUBackend.max_rows
+    from infr.gpu.backend import GPUBackend
+
+    return GPUBackend.max_rows  # a layer split's stages too (SplitBackend.max_rows)
+
+
 def make_backend(name: str, gf: GGUFFile, plan: Plan, n_ctx: int, progress=None, kv_blocks=None,
                  max_seqs: int = 1, batch_tokens: int | None = None, cpu_moe: int = 0,
                  split: SplitOptions | None = None) -> "Backend":

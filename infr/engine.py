@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from infr.backends import choose_backend, make_backend
+from infr.backends import choose_backend, make_backend, step_rows
 from infr.kvpool import BLOCK_SIZE, BlockPool, KVBudget
 from infr.chat import ChatTemplate
 from infr import checkpoints as ckpt
@@ -99,19 +99,18 @@ class Model:
                 raise InfrError(f"a KV cache of {kv_tokens} tokens is too small (at least {min(n_ctx, BLOCK_SIZE)})")
             kv = -(-kv_tokens // BLOCK_SIZE)
         self.backend_name, self.backend_note = choose_backend(backend)
+        # A budget past what the backend's step holds is cut to it (llama-server's -b past -ub runs in
+        # ubatches; here a step is one ubatch), and said, rather than failing every request of a large step.
+        self.batch_note = ""
+        if batch_tokens > (rows := step_rows(self.backend_name)):
+            self.batch_note = f"{batch_tokens} tokens per step asked; the {self.backend_name} backend runs at most {rows}"
+            batch_tokens = rows
+        self.batch_tokens = batch_tokens
         # progress(stage, done, total): load progress, e.g. infr.notebook.tqdm_progress()
         self.backend = make_backend(self.backend_name, self.gguf, self.plan, n_ctx, progress=progress,
                                     kv_blocks=kv, max_seqs=parallel, batch_tokens=batch_tokens, cpu_moe=cpu_moe,
                                     split=split)
         self.kv_note = kv.note if isinstance(kv, KVBudget) else ""  # how a fraction was sized
-        # A budget past what the backend's step holds is cut to it (llama-server's -b past -ub runs in
-        # ubatches; here a step is one ubatch), and said, rather than failing every request of a large step.
-        self.batch_note = ""
-        if batch_tokens > self.backend.max_rows:
-            self.batch_note = (f"{batch_tokens} tokens per step asked; the {self.backend_name} backend runs at most "
-                               f"{self.backend.max_rows}")
-            batch_tokens = self.backend.max_rows
-        self.batch_tokens = batch_tokens
         self.pool = BlockPool(self.backend.n_blocks if isinstance(kv, KVBudget) else kv, BLOCK_SIZE)
         # Sliding-window layers: a pool of their own, sized by the backend for the windows of `parallel`
         # sequences; the engine gives their blocks back as they fall out of the window (infr/kvseq.py).

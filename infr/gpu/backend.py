@@ -289,7 +289,8 @@ class GPUBackend(Graphs):
         parts of its body as it encodes them (infr.gpu.tuning: the GPU starts while the host goes on)."""
         if not isinstance(body, HM.HostRecording):
             tu = TU.current()
-            pieces = body.parts(tu.submit_parts) if timer is None and n >= tu.submit_min_t else [body]
+            split = tu.submit_parts > 1 and timer is None and n >= tu.submit_min_t
+            pieces = body.parts(tu.submit_parts) if split else [body]
             for piece in pieces[:-1]:
                 _encode(enc, piece)
                 self.dev.device.queue.submit([enc.finish()])

@@ -36,7 +36,8 @@ SERVE_OPTIONS = {
 
 _HELP = {
     "parallel": "sequences the engine runs at once (continuous batching) ",
-    "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks ",
+    "batch_tokens": "tokens per engine step at most: decode rows plus prefill chunks (the GPU backends run 512 "
+                    "at most: a larger budget is cut to that, and said at start) ",
     "cpu_moe": "keep the experts of the first N MoE layers in host memory, run on the CPU (llama.cpp's "
                "--n-cpu-moe) ",
     "split_mode": "one model across GPUs: none, or layer (contiguous layers per GPU), as llama.cpp's -sm ",

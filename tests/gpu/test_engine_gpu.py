@@ -53,7 +53,7 @@ def test_batch_budget_past_the_gpu_step_is_cut_to_it(gpu, tiny_path):  # noqa: F
     assert together == [_run(model, [p], cache_prompt=False)[0] for p in prompts]
 
 
-def test_prompt_submitted_in_parts_gives_the_same_logits(gpu, tiny_path, tune):  # noqa: F811
+def test_prompt_submitted_in_parts_gives_the_same_logits(gpu, tiny_path, tune, monkeypatch):  # noqa: F811
     """INFR_SUBMIT_PARTS=3: a prompt step's body goes to the queue in three command buffers as it is
     encoded (two more submits than one buffer), with the logits of one buffer; a step below
     INFR_SUBMIT_MIN_T rows stays whole."""
@@ -63,7 +63,7 @@ def test_prompt_submitted_in_parts_gives_the_same_logits(gpu, tiny_path, tune): 
     be, prompt = model.backend, list(range(3, 43))
     q = be.dev.device.queue
     submits, real = [], q.submit
-    q.submit = lambda cmds: submits.append(len(cmds)) or real(cmds)
+    monkeypatch.setattr(q, "submit", lambda cmds: submits.append(len(cmds)) or real(cmds))
 
     def run(tokens, **env):
         tune(**env)
@@ -71,11 +71,11 @@ def test_prompt_submitted_in_parts_gives_the_same_logits(gpu, tiny_path, tune): 
         logits = be.forward(tokens, 0, n_logits=2)
         return logits, len(submits)
 
-    one, n_one = run(prompt)
+    one, n_one = run(prompt, INFR_SUBMIT_PARTS="1")
     parts, n_parts = run(prompt, INFR_SUBMIT_PARTS="3", INFR_SUBMIT_MIN_T="16")
     assert n_parts == n_one + 2
     np.testing.assert_array_equal(parts, one)
-    short, n_short = run(prompt[:8])
+    short, n_short = run(prompt[:8], INFR_SUBMIT_PARTS="1")
     whole, n_whole = run(prompt[:8], INFR_SUBMIT_PARTS="3", INFR_SUBMIT_MIN_T="16")
     assert n_whole == n_short
     np.testing.assert_array_equal(whole, short)

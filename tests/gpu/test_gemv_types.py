@@ -89,10 +89,11 @@ def test_gemv(gpu, kernels, qtype, shape):
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 def test_batched_gemv_at_every_unroll(gpu, kernels, tune, qtype, ub):
     """Workgroups of several tokens unroll GemvTuning.UB block steps (1 by default, which test_gemv
-    covers); the other unrolls the tuning takes give the same products (19 tokens, 7 of 8 blocks)."""
+    covers); the other unrolls the tuning takes give the same products (27 tokens: 4 token groups
+    of 3 row blocks, 7 of 8 blocks)."""
     tune(INFR_GEMV_UB=ub)
     rng = np.random.default_rng([int(qtype), int(ub)])
-    N, K, T = 21, 7 * 256, 19
+    N, K, T = 21, 7 * 256, 27
     t = make_weight(qtype, N, K, rng)
     x = rng.standard_normal((T, K)).astype(np.float32)
     y = storage(gpu, np.full((T, N), np.nan, np.float32))
