@@ -44,7 +44,7 @@ const TM: u32 = {{TM}}u;    // result matrices per subgroup along rows (BN / SGR
 const TN: u32 = {{TN}}u;    // along tokens (BT / SGT / 16)
 const PAD: u32 = {{PAD}}u;
 const PAIR: bool = {{PAIR}};
-const ACT_GELU: bool = {{GELU}};
+{{ACT_TABLE}}
 const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
 const WG: u32 = SGR * SGT * SG;
 const KS: u32 = 32u * SUB;   // k values per stage
@@ -194,6 +194,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{EPILOGUE}}
 }
 
+// The pair's activation of its gate (PAIR_ACT: silu, gelu, or gelu_f16 with its table at binding 11,
+// as gemm_mmq.wgsl's).
+fn pair_act(g: f32) -> f32 {
+    return {{PAIR_ACT}}(g);
+}
+
 // One output matrix of this subgroup through ep: rows row0 + m, the tile's tokens t0 + n
 // (ep column-major: element (m, n) at 16 n + m); `other` the matching up
 // matrix's values (PAIR) as this lane read them.
@@ -213,7 +219,7 @@ fn store_values(v: array<f32, 8>, up: array<f32, 8>, lane: u32, row0: u32, tok0:
         if (r < params.N && t != NO_TOKEN) {
             var x = v[e];
             if (PAIR) {
-                x = select(silu(x), gelu(x), ACT_GELU) * up[e];
+                x = pair_act(x) * up[e];
             }
             {{STORE}}(r, t, x);
         }

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, replace
 
 from infr.errors import UnsupportedError
+from infr.gpu import kernels_matmul as KM
 from infr.gpu import tuning as TU
 
 # The matrix shape and subgroup size this kernel is written for (f16 inputs, f32 results).
@@ -116,6 +117,10 @@ class MmaTuning:
     plain_min_t: int = PLAIN_MIN_T
     pair_min_t: int = PAIR_MIN_T
     experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; expert_tile_for)
+    # gemma4's dense gate||up pair with the table GELU here too (INFR_MMA_TABLE_PAIR=1): written and checked
+    # against the reference on lavapipe's Tint only; until a GPU with these tensor cores runs it, gate and
+    # up run as two products and gated_gelu_f16 (kernels_mmq.pairs_act)
+    table_pair: bool = False
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -133,6 +138,8 @@ class MmaTuning:
             t = replace(t, pair_min_t=int(env["INFR_MMA_PAIR_MIN_T"]))
         if env.get("INFR_MMA_EXPERTS") in ("0", "1"):
             t = replace(t, experts=env["INFR_MMA_EXPERTS"] == "1")
+        if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
+            t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
@@ -230,7 +237,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     (`expert`: tiles of pairs routed to one expert of a bank, kernels_moe's grouped path).
     `phases` without "convert" or "products" leaves that part out (wrong results: for timing it)."""
     pair = pair_act is not None
-    if pair_act not in (None, "silu", "gelu"):  # no table GELU here (kernels_mmq.pairs_act)
+    if pair_act not in (None, *KM.PAIR_ACTS):
         raise UnsupportedError(f"no tensor-core gate||up kernel for the activation {pair_act!r}")
     phases = PHASES if phases is None else phases
     gen = generated(tile, pair)
@@ -239,7 +246,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     consts = {
         "QTYPE": qtype_name, "BN": tile.BN, "BT": tile.BT, "SUB": tile.SUB, "SGR": tile.SGR, "SGT": tile.SGT,
         "SG": SUBGROUP, "TM": tile.TM, "TN": tile.TN, "PAD": tile.PAD,
-        "PAIR": str(pair).lower(), "GELU": str(pair_act == "gelu").lower(),
+        "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
         "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
         "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",

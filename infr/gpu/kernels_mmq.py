@@ -366,8 +366,8 @@ def can_pair(wg, wu, chunks_g, chunks_u) -> bool:
 
 def pairs_act(kernels: Kernels, wg, chunks_g, T: int, act) -> bool:
     """Whether the pair tile for this batch applies `act`: all of them do but gemma4's table GELU on
-    the tensor cores (kernels_mma: not checked word for word against gate, up and the table GELU apart)."""
-    if getattr(act, "value", act) != "gelu_f16":
+    the tensor cores, which waits for a GPU run (kernels_mma.MmaTuning.table_pair, INFR_MMA_TABLE_PAIR=1)."""
+    if getattr(act, "value", act) != "gelu_f16" or TU.current().mma.table_pair:
         return True
     return not isinstance(_tile(kernels, wg.qtype, max(r for _, _, r in chunks_g), T, pair=True), KMA.MmaTile)
 

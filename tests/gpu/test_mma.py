@@ -103,6 +103,40 @@ def test_type_matches_reference(mma, kernels, qtype):
         first += n
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name.lower())
+def test_pair_applies_the_table_gelu(mma, kernels, tune, qtype):
+    """INFR_MMA_TABLE_PAIR=1: gemma4's dense gate||up pair takes the tensor cores with the table GELU
+    (binding 11) in its epilogue, for gates inside the table's +-10 and past it. Against the reference,
+    the f16 products' bound plus one f16 step of the gate through the table (slope under 1.2, the
+    table's output an f16 too)."""
+    from test_gelu_pair import _table_range, _x
+
+    gpu = mma
+    assert not KMQ.pairs_act(kernels, make_weight(qtype, 72, 512, np.random.default_rng(0)),
+                             [(None, 0, 72)], 70, "gelu_f16")  # off by default: gate, up and the GELU apart
+    tune(INFR_MMA_TABLE_PAIR="1")
+    rng = np.random.default_rng([int(qtype), 17])
+    N, K, T = 72, 512, 70
+    wg, wu = make_weight(qtype, N, K, rng), make_weight(qtype, N, K, rng)
+    x = _x(rng, T, K, wg)
+    cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
+    y = _nan(gpu, T, N)
+    pre, xf = _rows(kernels, x, K, T)
+    assert KMQ.pairs_act(kernels, wg, cg, T, "gelu_f16")
+    pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xf, y, "gelu_f16", T, tile=PAIR)
+    assert pair is not None and len(pair) == 1
+    run(gpu, pre + pair)
+    g, gs = _want(wg, x)
+    u, us = _want(wu, x)
+    _table_range(g)
+    ref = F.gated_act(g, u, Activation.GELU_F16)
+    got = read(gpu, y, count=T * N).reshape(T, N)
+    assert not np.isnan(got).any()
+    act = np.abs(F.gated_act(g, np.ones_like(u), Activation.GELU_F16))
+    bound = TOL * (1.2 * np.abs(u) * gs + act * us) + 1.2 * 2.0**-10 * (np.abs(g) + 1e-3) * np.abs(u) * 2
+    assert float(np.max(np.abs(got - ref) - bound)) < 0, float(np.max(np.abs(got - ref) / bound))
+
+
 GROUPED = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0]
 
 
@@ -187,3 +221,4 @@ def test_batched_decode_keeps_the_gemv_for_plain_products():
         assert use(mma_dev, lo)
     assert KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_MIN_T": "64"}).plain_min_t == 64
     assert KMA.MmaTuning.from_env({"INFR_MMA_PAIR_MIN_T": "33"}).pair_min_t == 33
+    assert KMA.MmaTuning.from_env({"INFR_MMA_TABLE_PAIR": "1"}).table_pair and not KMA.MmaTuning().table_pair

@@ -191,8 +191,8 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
 
 
 def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
-    """The tensor-core kernel (Dawn only) of every reader, plain, gate||up and q|k|v, and plain and
-    gate||up over expert tiles, on each default tile."""
+    """The tensor-core kernel (Dawn only) of every reader, plain, gate||up (SiLU, and gemma4's table GELU
+    at binding 11) and q|k|v, and plain and gate||up over expert tiles, on each default tile."""
     if "chromium-experimental-subgroup-matrix" not in tint.features:
         pytest.fail("Dawn's Null adapter lists no subgroup matrices: this wgpudawn cannot check the kernel")
     asked: set = set()
@@ -201,10 +201,11 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         for tile in KMA.TILES:
             KMA.pipeline(rec, KM.wgsl_name(q), tile)
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu")
+            KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="gelu_f16")
             KMA.pipeline(rec, KM.wgsl_name(q), tile, split=True)
             KMA.pipeline(rec, KM.wgsl_name(q), tile, expert=True)  # kernels_moe's grouped experts
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu", expert=True)
-    assert len(asked) == 5 * len(KMQ.READERS) * len(KMA.TILES)
+    assert len(asked) == 6 * len(KMQ.READERS) * len(KMA.TILES)
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
