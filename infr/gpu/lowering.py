@@ -163,7 +163,7 @@ class Lowering:
                 pre, xq = self.q8_input(x, int(tg.shape[-1]))
                 return pre + KMQ.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, xq, y, act.act, self.rows)
             if not KMA.keeps_gemv(be.dev, self.rows):
-                return None  # the tensor cores' pair has no table GELU: gate, up, then gated_gelu_f16
+                return None  # the tensor cores' pair takes no table GELU by default: gate, up, then gated_gelu_f16
             # a batched decode step's rows: the GEMV's pair below takes the table GELU
         # Batches: None, so gate and up run as two GEMMs and the activation as its own dispatch
         # (as do a pair of two types where the int8 GEMM takes either).

@@ -9,6 +9,7 @@ whose FFNs and experts take the pairs decode as the CPU reference does."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -157,11 +158,19 @@ def test_mmq_pair_equals_gate_up_then_table_gelu(gpu, kernels, q, N, K, T, tile)
     np.testing.assert_array_equal(_words(gpu, fused, T * N), want)
 
 
-def test_the_tensor_cores_pair_has_no_table_gelu(kernels):
-    """kernels_mma's pair is not checked word for word against the table GELU apart: refused, so
-    pairs_act sends such batches to gate, up and gated_gelu_f16."""
-    with pytest.raises(UnsupportedError, match="gelu_f16"):
-        KMA.pipeline(kernels, "q4_k", KMA.MmaTile(64, 64, 4, 2, 2, 0), "gelu_f16")
+def test_the_tensor_cores_pair_takes_the_table_gelu_when_asked(kernels, tune, monkeypatch):
+    """kernels_mma's pair with the table GELU waits for a GPU run (test_mma.py's, Dawn only): where a
+    batch's pair tile is a tensor-core tile, pairs_act sends the table GELU to gate, up and
+    gated_gelu_f16 unless INFR_MMA_TABLE_PAIR=1; int8 GEMM tiles and other activations always pair."""
+    w = SimpleNamespace(qtype=Q.Q4_K, shape=(64, 256))
+    chunks = [(None, 0, 64)]
+    monkeypatch.setattr(KMQ, "_tile", lambda *a, **k: KMA.MmaTile(64, 64, 4, 2, 2, 0))
+    assert not KMQ.pairs_act(kernels, w, chunks, 64, "gelu_f16") and KMQ.pairs_act(kernels, w, chunks, 64, "gelu")
+    tune(INFR_MMA_TABLE_PAIR="1")
+    assert KMQ.pairs_act(kernels, w, chunks, 64, "gelu_f16")
+    tune(INFR_MMA_TABLE_PAIR="0")
+    monkeypatch.setattr(KMQ, "_tile", lambda *a, **k: KMQ.TILES[0])
+    assert KMQ.pairs_act(kernels, w, chunks, 64, "gelu_f16")
 
 
 def test_an_unknown_pair_activation_is_refused():
