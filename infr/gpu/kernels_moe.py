@@ -276,7 +276,8 @@ TABLE_PAIR_BUFFERS = 9
 def _pair_tile(kernels: Kernels, m: MoESpec, q, H: int, A: int, E: int):
     """The grouped gate||up product's tile, or None where gate and up run apart: the table GELU on a
     device short of storage bindings, or on the tensor cores' tiles (their table GELU,
-    INFR_MMA_TABLE_PAIR, is dense only). The pair stages the tokens' rows once for both halves and needs no gated_gelu_f16 pass."""
+    INFR_MMA_TABLE_PAIR, is dense only). The pair stages the tokens' rows once for both halves and
+    needs no gated_gelu_f16 pass."""
     if _table_act(m):
         limit = int(kernels.dev.limits.get("max-storage-buffers-per-shader-stage", 8))
         if limit < TABLE_PAIR_BUFFERS:
