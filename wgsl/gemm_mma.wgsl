@@ -25,7 +25,11 @@
 // 16 x 16 scratch (ep) into matmul_common's row epilogue (bias, residual) or
 // gemv_split's q|k|v store. Rows past N and tokens past T read row N - 1 /
 // token T - 1 and are not stored. K % KS == 0. Dispatch
-// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1). EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
+// (ceil(N_chunk / OUT_ROWS), ceil(T / BT), 1). XCOPY: the token tile is copied from q8_f16.wgsl's
+// f16 rows (binding 12, T rounded up to BT rows) by subgroup matrix loads, fetched a stage ahead
+// like the weights and stored in B: each token value is converted once per batch, not once per
+// workgroup of its column. WCOPY: the weight tile likewise, from mma_dequant.wgsl's f16 rows
+// (binding 13), converted once per product, not once per token tile. EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
 // token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
 
 enable chromium_experimental_subgroup_matrix;
@@ -46,6 +50,10 @@ const PAD: u32 = {{PAD}}u;
 const PAIR: bool = {{PAIR}};
 {{ACT_TABLE}}
 const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
+const XCOPY: bool = {{XCOPY}};
+const WCOPY: bool = {{WCOPY}};
+{{X16}}
+{{W16}}
 const WG: u32 = SGR * SGT * SG;
 const KS: u32 = 32u * SUB;   // k values per stage
 const LD: u32 = KS + PAD;    // f16 stride of a tile row
@@ -54,35 +62,31 @@ const OUT_ROWS: u32 = select(BN, BN / 2u, PAIR);
 const NU: u32 = (BN * UNITS + WG - 1u) / WG;  // weight units per invocation per stage
 const NX: u32 = (BT * XV + WG - 1u) / WG;     // token vec4 per invocation per stage
 const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted per invocation
+const WQN: u32 = {{WQN}}u;  // XV BN, or 1 (unused) with WCOPY
+const WSN: u32 = {{WSN}}u;  // SUB BN, or 1
 
-var<workgroup> wq: array<vec4<u32>, XV * BN>;   // the readers' int8 lanes, [row][vec4]
-var<workgroup> ws: array<vec2<f32>, SUB * BN>;  // their scale terms, [row][sub-block]
 var<workgroup> wh: array<f16, BN * LD>;
 var<workgroup> xh: array<f16, BT * LD>;
 var<workgroup> ep: array<f32, SGR * SGT * 256u>;
 var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
 
-fn put_q(buf: u32, rho: u32, v: u32, q: vec4<u32>) {
-    wq[rho * XV + v] = q;
-}
-
-fn put_s(buf: u32, rho: u32, sl: u32, s: vec2<f32>) {
-    ws[rho * SUB + sl] = s;
-}
+// #include mma_stage
 
 // One stage's global loads in registers: the invocation's weight units, and its
 // token vec4 with the (d_a, s_a, d_b, s_b) of their sub-block pair.
 struct Staged {
     u: array<Raw, NU>,
-    x: array<vec4<u32>, NX>,
-    d: array<vec4<u32>, NX>,
+    x: array<vec4<u32>, {{NXA}}>,  // NX, or 1 (unused) with XCOPY
+    d: array<vec4<u32>, {{NXA}}>,
 }
 
 fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     let k0 = st * KS;
     var g: Staged;
-    g.u = fetch_units(k0, tid, first);
-    for (var n = 0u; n < NX; n++) {
+    if (!WCOPY) {
+        g.u = fetch_units(k0, tid, first);
+    }
+    for (var n = 0u; n < select(NX, 0u, XCOPY); n++) {
         let k = tid + n * WG;
         if (k < BT * XV) {
             let t = x_tok(tok0, k / XV);
@@ -95,13 +99,8 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
 }
 
 fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
-    let k0 = st * KS;
-    for (var n = 0u; n < NU; n++) {
-        let k = tid + n * WG;
-        if (k < BN * UNITS) {
-            let at = staged_row(k / UNITS, first);
-            put_unit(g.u[n], at.y, k0, k % UNITS, k / UNITS, 0u);
-        }
+    if (!WCOPY) {
+        put_units(g.u, st * KS, tid, first);
     }
 }
 
@@ -112,33 +111,18 @@ fn sub_half(v: u32) -> vec2<u32> {
 
 // B: the staged weights and the fetched tokens as f16 tiles.
 fn convert(g: Staged, tid: u32) {
-    for (var n = 0u; n < NW; n++) {
+    for (var n = 0u; n < select(NW, 0u, WCOPY); n++) {
         let i = tid + n * WG;
         if (i < BN * KS / 8u) {
             let rho = i / (KS / 8u);
             let k = 8u * (i % (KS / 8u));  // stage-local value
-            let sl = k / 32u;
-            let hf = (k % 32u) / 16u;
-            let q4 = wq[rho * XV + qv(sl, hf)];
-            let j = (k % 16u) / 4u;  // the first of two words
-            let qa = vec4<f32>(unpack4xI8(q4[j]));
-            let qb = vec4<f32>(unpack4xI8(q4[j + 1u]));
-            let s = ws[rho * SUB + sl];
-            var a = s.x;
-            var b = vec4<f32>(0.0);
-            if (SCALE16) {
-                a = select(s.x, s.y, hf == 1u);
-            } else if (MIN_TERM) {
-                b = vec4<f32>(s.y);
-            }
-            let va = vec4<f16>(fma(vec4<f32>(a), qa, b));
-            let vb = vec4<f16>(fma(vec4<f32>(a), qb, b));
+            let v = weight8(rho, k);
             let o = rho * LD + k;
-            wh[o] = va.x; wh[o + 1u] = va.y; wh[o + 2u] = va.z; wh[o + 3u] = va.w;
-            wh[o + 4u] = vb.x; wh[o + 5u] = vb.y; wh[o + 6u] = vb.z; wh[o + 7u] = vb.w;
+            wh[o] = v[0].x; wh[o + 1u] = v[0].y; wh[o + 2u] = v[0].z; wh[o + 3u] = v[0].w;
+            wh[o + 4u] = v[1].x; wh[o + 5u] = v[1].y; wh[o + 6u] = v[1].z; wh[o + 7u] = v[1].w;
         }
     }
-    for (var n = 0u; n < NX; n++) {
+    for (var n = 0u; n < select(NX, 0u, XCOPY); n++) {
         let i = tid + n * WG;
         if (i < BT * XV) {
             let tau = i / XV;
@@ -171,16 +155,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 {{ACC_DECL}}
     var g = fetch(0u, tid, first, tok0);
+{{XM_DECL}}
     put_weights(g, 0u, tid, first);
     workgroupBarrier();
     for (var st = 0u; st < nst; st++) {
         if (CONVERT) {
             convert(g, tid);
         }
+{{XM_STORE}}
         workgroupBarrier();
         let ahead = st + 1u < nst;
         if (ahead) {
             g = fetch(st + 1u, tid, first, tok0);  // in flight during the products
+{{XM_LOAD}}
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
 {{PRODUCTS}}
@@ -192,6 +179,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let scratch = sg * 256u;
 {{EPILOGUE}}
+}
+
+// XCOPY: token matrix j of subgroup sg in a stage, (token rows of 16, values of 16) of the tile's
+// (BT / 16) x (KS / 16): its offset in x16 at stage st, and in xh.
+fn x16_at(sg: u32, j: u32, st: u32, tok0: u32) -> u32 {
+    let i = sg + j * SGR * SGT;
+    return (tok0 + (i / (KS / 16u)) * 16u) * params.K + st * KS + (i % (KS / 16u)) * 16u;
+}
+
+// WCOPY: weight matrix j of subgroup sg in a stage, of the tile's (BN / 16) x (KS / 16): its offset
+// in w16 (mma_dequant.wgsl's f16 rows) at stage st, and in wh.
+fn w16_at(sg: u32, j: u32, st: u32, first: u32) -> u32 {
+    let i = sg + j * SGR * SGT;
+    return f16_row((i / (KS / 16u)) * 16u, first) * params.K + st * KS + (i % (KS / 16u)) * 16u;
+}
+
+fn wh_at(sg: u32, j: u32) -> u32 {
+    let i = sg + j * SGR * SGT;
+    return (i / (KS / 16u)) * 16u * LD + (i % (KS / 16u)) * 16u;
+}
+
+fn xh_at(sg: u32, j: u32) -> u32 {
+    let i = sg + j * SGR * SGT;
+    return (i / (KS / 16u)) * 16u * LD + (i % (KS / 16u)) * 16u;
 }
 
 // The pair's activation of its gate (PAIR_ACT: silu, gelu, or gelu_f16 with its table at binding 11,

@@ -44,6 +44,18 @@ class MmaTile:
     SGR: int = 4
     SGT: int = 2
     PAD: int = 8
+    XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here
+    WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl)
+
+    @property
+    def token_mats(self) -> int:
+        """XC: the 16 x 16 token matrices each subgroup copies per stage."""
+        return (self.BT // 16) * (2 * self.SUB) // (self.SGR * self.SGT)
+
+    @property
+    def weight_mats(self) -> int:
+        """WC: the 16 x 16 weight matrices each subgroup copies per stage."""
+        return (self.BN // 16) * (2 * self.SUB) // (self.SGR * self.SGT)
 
     @property
     def TM(self) -> int:
@@ -60,8 +72,8 @@ class MmaTile:
     def shared_bytes(self, extra: int = 0) -> int:
         ks = 32 * self.SUB
         ld = ks + self.PAD
-        return (2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN + 2 * ld * (self.BN + self.BT)
-                + 4 * 256 * self.SGR * self.SGT + 4 + extra)
+        staged = 0 if self.WC else 2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN
+        return staged + 2 * ld * (self.BN + self.BT) + 4 * 256 * self.SGR * self.SGT + 4 + extra
 
     def fits(self, dev, extra: int = 0, pair: bool = False) -> bool:
         limits = getattr(dev, "limits", None) or {}
@@ -71,16 +83,21 @@ class MmaTile:
             self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1
             and self.BN == self.TM * self.SGR * SHAPE[0] and self.BT == self.TN * self.SGT * SHAPE[1]
             and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
+            and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
+                                 == (self.BT // 16) * 2 * self.SUB))
+            and (not self.WC or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
+                                 == (self.BN // 16) * 2 * self.SUB and self.BN <= 128))
         )
 
     @classmethod
     def parse(cls, spec: str) -> MmaTile:
-        """'BN,BT,SUB,SGR,SGT[,PAD]'."""
+        """'BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]]'."""
         return cls(*map(int, spec.split(",")))
 
     @property
     def spec(self) -> str:
-        return ",".join(map(str, (self.BN, self.BT, self.SUB, self.SGR, self.SGT, self.PAD)))
+        return ",".join(map(str, (self.BN, self.BT, self.SUB, self.SGR, self.SGT, self.PAD)
+                            + ((self.XC, self.WC) if self.WC else (self.XC,) if self.XC else ())))
 
 
 # Tiles tried in order: the first giving min_groups workgroups; where none does, the
@@ -183,7 +200,10 @@ def keeps_gemv(dev, T: int, pair: bool = False) -> bool:
 def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
     """tile_for, for grouped expert products (T: the tokens one expert's tile holds), where the
     tuning takes them onto the tensor cores; else None."""
-    return tile_for(dev, n_out, T, extra, pair) if TU.current().mma.experts else None
+    if not TU.current().mma.experts:
+        return None
+    tile = tile_for(dev, n_out, T, extra, pair)
+    return replace(tile, XC=0, WC=0) if tile is not None else None  # expert tiles gather rows: no f16 row copies
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
@@ -228,7 +248,22 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
                 up = f"u_{a}_{b}"
             epi.append(f"    store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
                        f"tok0, (sc * TN + {b}u) * 16u);")
-    return {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi)}
+    gen = {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi),
+           "XM_DECL": "", "XM_STORE": "", "XM_LOAD": ""}
+    copies = []  # (matrix type, name, source, its offset fn, the tile, the tile's offset fn, column-major, how many)
+    if tile.XC:
+        copies.append((right, "xm", "x16", "x16_at(sg, {j}u, {st}, tok0)", "xh", "xh_at(sg, {j}u)", "true", tile.token_mats))
+    if tile.WC:
+        copies.append((left, "wm", "w16", "w16_at(sg, {j}u, {st}, first)", "wh", "wh_at(sg, {j}u)", "false",
+                       tile.weight_mats))
+    decl, store, load = [], [], []
+    for typ, name, src, at, dst, dst_at, cm, n in copies:
+        ld = f"subgroupMatrixLoad<{typ}>(&{src}, {at}, {cm}, params.K)"
+        decl += [f"    var {name}_{j} = {ld.format(j=j, st='0u')};" for j in range(n)]
+        store += [f"        subgroupMatrixStore(&{dst}, {dst_at.format(j=j)}, {name}_{j}, {cm}, LD);" for j in range(n)]
+        load += [f"            {name}_{j} = {ld.format(j=j, st='st + 1u')};" for j in range(n)]
+    gen.update(XM_DECL="\n".join(decl), XM_STORE="\n".join(store), XM_LOAD="\n".join(load))
+    return gen
 
 
 def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = None, split: bool = False,
@@ -239,6 +274,9 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     pair = pair_act is not None
     if pair_act not in (None, *KM.PAIR_ACTS):
         raise UnsupportedError(f"no tensor-core gate||up kernel for the activation {pair_act!r}")
+    if (tile.XC or tile.WC) and expert:
+        raise UnsupportedError("a tensor-core tile copying f16 rows (XC, WC) reads whole tiles of a matrix; "
+                               "expert tiles gather their pairs' rows from a bank")
     phases = PHASES if phases is None else phases
     gen = generated(tile, pair)
     if "products" not in phases:
@@ -252,6 +290,11 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
         "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
         "CONVERT": str("convert" in phases).lower(), **gen,
+        "XCOPY": str(bool(tile.XC)).lower(), "NXA": 1 if tile.XC else -(-tile.BT * 2 * tile.SUB // tile.invocations),
+        "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC else "",
+        "WCOPY": str(bool(tile.WC)).lower(), "WQN": 1 if tile.WC else 2 * tile.SUB * tile.BN,
+        "WSN": 1 if tile.WC else tile.SUB * tile.BN,
+        "W16": "@group(0) @binding(13) var<storage, read> w16: array<f16>;" if tile.WC else "",
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)

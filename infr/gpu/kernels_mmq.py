@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from infr.gpu import kernels_matmul as KM
@@ -312,6 +313,54 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
     return pipe, (t.BN // 2 if pair else t.BN), t.BT
 
 
+def token_rows(kernels: Kernels, xq, K: int, T: int, bt: int) -> tuple[Dispatch, object]:
+    """The dispatch writing xq's T rounded rows as f16 values (wgsl/q8_f16.wgsl) into the device's
+    f16 scratch, T rounded up to bt rows, and that scratch: the token rows an XC tensor-core tile
+    (kernels_mma.MmaTile.XC) copies. It precedes its product in the same ordered pass."""
+    rows = -(-T // bt) * bt
+    buf = KQ._buffer(kernels, "f16", 2 * rows * K)
+    pipe = kernels.pipeline("q8_f16", "main")
+    p = storage(kernels.dev, np.array([K, T, rows, KQ.words(K) // 4], np.uint32), label="q8_f16.params", uniform=True)
+    return Dispatch(pipe, kernels.bind(pipe, [p, xq, buf]), (-(-K // 4096), rows, 1), f"q8_f16 {K}"), buf
+
+
+def dequant_pipeline(kernels: Kernels, q, pair: bool):
+    """wgsl/mma_dequant.wgsl for type q, a plain matrix or a gate||up pair."""
+    return kernels.pipeline("mma_dequant", "main", unchecked=True, QTYPE=KM.wgsl_name(q), PAIR=str(pair).lower(),
+                            W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
+                            W2_LOAD="if (slot == 1u) { return w2[i]; }" if pair else "",
+                            W2_WORD="if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
+                            SPLIT_DECL="", **KM.pair_act_consts(None))
+
+
+def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[Dispatch, object]:
+    """The dispatch writing a chunk's `rows` weight rows (bufs: [w] or a pair's [gate, up]; `p` the
+    product's params) as f16 values (wgsl/mma_dequant.wgsl) into the device's f16 weight scratch, and
+    that scratch: the weight rows a WC tensor-core tile copies, each half padded to 128 rows."""
+    pair = len(bufs) == 2
+    padded = -(-rows // 128) * 128
+    buf = KQ._buffer(kernels, "w16", 2 * K * padded * len(bufs))
+    pipe = dequant_pipeline(kernels, q, pair)
+    res = [p, bufs[0]] + [None] * 4 + [bufs[1] if pair else None] + [None] * 6 + [buf]
+    groups = (padded // (32 if pair else 64), -(-K // 512), 1)
+    return Dispatch(pipe, kernels.bind(pipe, res), groups, f"mma_dequant_{KM.wgsl_name(q)} {rows}x{K}"), buf
+
+
+def _copies(tile) -> tuple[bool, bool]:
+    """Whether a tile copies f16 token rows (XC) and f16 weight rows (WC)."""
+    return (bool(tile.XC), bool(tile.WC)) if isinstance(tile, KMA.MmaTile) else (False, False)
+
+
+def _with(res: list, extra: dict) -> list:
+    """Bindings `res` with `extra` {binding: buffer} past them."""
+    if not extra:
+        return res
+    out = list(res) + [None] * (max(extra) + 1 - len(res))
+    for i, b in extra.items():
+        out[i] = b
+    return out
+
+
 def _params(q, K: int, rows: int, row0: int, N_out: int, T: int, bias: bool, resid: bool, split1=0, split2=0):
     return KM.params_matmul(K, rows, row0, KM.row_bytes(q, K), KQ.words(K) // 4, N_out, bias, T, resid,
                             split1, split2)
@@ -345,12 +394,19 @@ def mmq_dispatches(kernels: Kernels, w, chunks, xq, y, bias, T: int, resid=None,
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
-    out = []
+    xc, wc = _copies(tile)
+    out, extra = [], {}
+    if xc:
+        d, extra[12] = token_rows(kernels, xq, K, T, bt)
+        out.append(d)
     for buf, row0, rows in chunks:
         p = storage(kernels.dev, _params(q, K, rows, row0, y_stride or N, T, bias is not None, resid is not None),
                     label="mmq.params", uniform=True)
-        bind = kernels.bind(pipe, [p, buf, xq, y, bias if bias is not None else none,
-                                   resid if resid is not None else none])
+        if wc:
+            d, extra[13] = weight_rows(kernels, q, p, [buf], K, rows)
+            out.append(d)
+        bind = kernels.bind(pipe, _with([p, buf, xq, y, bias if bias is not None else none,
+                                         resid if resid is not None else none], extra))
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
         out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)} {N}x{K}", groups[1] * rows * rb))
     return out
@@ -384,12 +440,19 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
-    out = []
+    xc, wc = _copies(tile)
+    out, extra = [], {}
+    if xc:
+        d, extra[12] = token_rows(kernels, xq, K, T, bt)
+        out.append(d)
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
         p = storage(kernels.dev, _params(q, K, rows, row0, N, T, False, False), label="mmq.gate_up.params",
                     uniform=True)
+        if wc:
+            d, extra[13] = weight_rows(kernels, q, p, [bg, bu], K, rows)
+            out.append(d)
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
-        bind = kernels.bind(pipe, KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu], act))
+        bind = kernels.bind(pipe, _with(KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu], act), extra))
         out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)}_gate_up {N}x{K}", 2 * groups[1] * rows * rb))
     return out
 
@@ -407,14 +470,24 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
     N = sum(sizes)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
-    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile or _tile(kernels, q, N, T), split=True, K=K)
+    tile = tile or _tile(kernels, q, N, T)
+    pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, split=True, K=K)
     (buf, _, _), = chunks
     none = KM._no_bias(kernels)
     p = storage(kernels.dev, _params(q, K, N, 0, N, T, bias is not None, False, split1, split2),
                 label="mmq.qkv.params", uniform=True)
     # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
     outs = list(ys) + [storage(kernels.dev, 16, label="mmq.no_output") for _ in range(3 - len(ys))]
-    bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
+    xc, wc = _copies(tile)
+    pre, extra = [], {}
+    if xc:
+        d, extra[12] = token_rows(kernels, xq, K, T, bt)
+        pre.append(d)
+    if wc:
+        d, extra[13] = weight_rows(kernels, q, p, [buf], K, N)
+        pre.append(d)
+    bind = kernels.bind(pipe, _with([p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]],
+                                    extra))
     groups = (-(-N // rows_wg), -(-T // bt), 1)
     label = f"mmq_{KM.wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
-    return [Dispatch(pipe, bind, groups, label, groups[1] * N * KM.row_bytes(q, K))]
+    return pre + [Dispatch(pipe, bind, groups, label, groups[1] * N * KM.row_bytes(q, K))]

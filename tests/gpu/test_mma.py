@@ -10,6 +10,8 @@ and the block's value, each rounded once more (relative 2^-11), so the error bou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -54,7 +56,29 @@ def _check(name, got, want, scale):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[q.name.lower() for q in TYPES])
 def test_type_matches_reference(mma, kernels, qtype):
-    gpu = mma
+    _three_products(mma, kernels, qtype, (PLAIN, PAIR, SPLIT))
+
+
+COPIED = (KMA.MmaTile(64, 128, 2, 2, 4), PAIR, KMA.MmaTile(64, 32, 2, 2, 2))
+
+
+@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1)], ids=["tokens", "weights", "both"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
+def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
+    """XC / WC tiles: q8_f16.wgsl writes the rounded rows as f16 once, mma_dequant.wgsl the weight rows
+    (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
+    Within the bound, and the same bits as the tiles that convert both themselves (the same f16
+    values, multiplied in the same order)."""
+    got = _three_products(mma, kernels, qtype, tuple(replace(t, XC=xc, WC=wc) for t in COPIED))
+    want = _three_products(mma, kernels, qtype, COPIED)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def _three_products(gpu, kernels, qtype, tiles):
+    """A plain product with bias and residual, a GELU gate||up pair and the q|k|v split on `tiles`,
+    each against the reference; their outputs."""
+    plain, pair_tile, split = tiles
     rng = np.random.default_rng([int(qtype), 11])
     ds = []
     N, K, T = 75, 768, 33  # plain with bias and the residual add: rows and tokens past the tile's
@@ -65,15 +89,15 @@ def test_type_matches_reference(mma, kernels, qtype):
     y = _nan(gpu, T, N)
     pre, xf = _rows(kernels, x, K, T)
     ds += pre + KMQ.mmq_dispatches(kernels, t, KM.upload_weight(gpu, t), xf, y, storage(gpu, bias), T,
-                                   resid=storage(gpu, resid), tile=PLAIN)
+                                   resid=storage(gpu, resid), tile=plain)
     Np, Kp, Tp = 72, 512, 70  # gate||up with GELU
     wg, wu = make_weight(qtype, Np, Kp, rng), make_weight(qtype, Np, Kp, rng)
     xp = rng.standard_normal((Tp, Kp)).astype(np.float32) * 0.1
     cg, cu = KM.upload_weight(gpu, wg), KM.upload_weight(gpu, wu)
     yp = _nan(gpu, Tp, Np)
     pre, xfp = _rows(kernels, xp, Kp, Tp)
-    pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xfp, yp, "gelu", Tp, tile=PAIR)
-    assert pair is not None and len(pair) == 1
+    pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xfp, yp, "gelu", Tp, tile=pair_tile)
+    assert pair is not None and len(pair) == 1 + pair_tile.XC + pair_tile.WC
     ds += pre + pair
     sizes, Ks = (40, 24, 24), 256  # the q|k|v split with its bias
     ts = [make_weight(qtype, n, Ks, rng) for n in sizes]
@@ -82,8 +106,10 @@ def test_type_matches_reference(mma, kernels, qtype):
     outs = [_nan(gpu, Tp, n) for n in sizes]
     pre, xfs = _rows(kernels, xs, Ks, Tp)
     ds += pre + KMQ.stacked_dispatches(kernels, ts, KM.upload_stacked(gpu, ts, label="qkv"), xfs, outs,
-                                       storage(gpu, sbias), Tp, tile=SPLIT)
+                                       storage(gpu, sbias), Tp, tile=split)
     run(gpu, ds)
+    outs_read = [read(gpu, y, count=T * N), read(gpu, yp, count=Tp * Np)] + [
+        read(gpu, yb, count=Tp * n) for yb, n in zip(outs, sizes)]
 
     want, scale = _want(t, x)
     _check(f"{qtype.name} plain", read(gpu, y, count=T * N).reshape(T, N), want + bias + resid, scale)
@@ -101,6 +127,7 @@ def test_type_matches_reference(mma, kernels, qtype):
         _check(f"{qtype.name} stacked {first}..{first + n}", read(gpu, yb, count=Tp * n).reshape(Tp, n),
                want + sbias[first: first + n], scale)
         first += n
+    return outs_read
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name.lower())
@@ -193,6 +220,11 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)))
     assert [small.tile_for(Dev(), 4096, T).BT for T in (512, 100, 64, 33, 32, 16)] == [128, 128, 64, 64, 32, 32]
     assert all(t.fits(Dev()) and t.fits(Dev(), pair=True) for t in KMA.TILES)
+    # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
+    xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
+    assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
+    few = KMA.MmaTile(128, 16, 2, 8, 1)  # 4 token matrices a stage for 8 subgroups
+    assert few.fits(Dev()) and not replace(few, XC=1).fits(Dev())
 
 
 def test_batched_decode_keeps_the_gemv_for_plain_products():

@@ -12,6 +12,7 @@ import os
 from dataclasses import replace
 
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from infr import synth
 from infr.engine import Model
@@ -190,6 +191,10 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
     assert not errors, errors
 
 
+XC_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 1), KMA.MmaTile(128, 128, 2, 2, 2, 0, 1), KMA.MmaTile(64, 32, 2, 2, 2, 8, 1),
+            KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 1), KMA.MmaTile(128, 128, 2, 2, 2, 8, 1, 1), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 1))
+
+
 def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
     """The tensor-core kernel (Dawn only) of every reader, plain, gate||up (SiLU, and gemma4's table GELU
     at binding 11) and q|k|v, and plain and gate||up over expert tiles, on each default tile."""
@@ -206,6 +211,14 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMA.pipeline(rec, KM.wgsl_name(q), tile, expert=True)  # kernels_moe's grouped experts
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu", expert=True)
     assert len(asked) == 6 * len(KMQ.READERS) * len(KMA.TILES)
+    for tile in XC_TILES:  # tiles copied from f16 rows (q8_f16.wgsl, mma_dequant.wgsl), plain, pair and q|k|v
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
+    rec.pipeline("q8_f16")
+    for q in KMQ.READERS:  # the dequantizing pass of every reader, plain and pair
+        for pair in (False, True):
+            KMQ.dequant_pipeline(rec, q, pair)
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
