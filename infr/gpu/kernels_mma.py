@@ -138,6 +138,9 @@ class MmaTuning:
     # against the reference on lavapipe's Tint only; until a GPU with these tensor cores runs it, gate and
     # up run as two products and gated_gelu_f16 (kernels_mmq.pairs_act)
     table_pair: bool = False
+    # WC tiles dequantize the product's whole weight to f16 first: worth it where T tokens share it,
+    # not in a batched decode step's few rows (INFR_MMA_WC_MIN_T)
+    wc_min_t: int = 256
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -155,15 +158,20 @@ class MmaTuning:
             t = replace(t, pair_min_t=int(env["INFR_MMA_PAIR_MIN_T"]))
         if env.get("INFR_MMA_EXPERTS") in ("0", "1"):
             t = replace(t, experts=env["INFR_MMA_EXPERTS"] == "1")
+        if env.get("INFR_MMA_WC_MIN_T"):
+            t = replace(t, wc_min_t=int(env["INFR_MMA_WC_MIN_T"]))
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
         """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
-        least (the products of padding tokens are work too), the first on a tie; else None."""
+        least (the products of padding tokens are work too), the first on a tie; else None. WC tiles
+        only from wc_min_t tokens."""
         best, best_pad = None, None
         for tile in self.tiles:
+            if tile.WC and T < self.wc_min_t:
+                continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
             if tile.fits(dev, extra, pair) and groups >= self.min_groups and (best_pad is None or pad < best_pad):

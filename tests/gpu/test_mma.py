@@ -223,6 +223,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
     xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
     assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
+    wc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1,1 64,32,2,2,2,8,1", "INFR_MMA_WC_MIN_T": "200"})
+    assert [wc.tile_for(Dev(), 4096, T).spec for T in (512, 199)] == ["64,128,2,2,4,8,1,1", "64,32,2,2,2,8,1"]
     few = KMA.MmaTile(128, 16, 2, 8, 1)  # 4 token matrices a stage for 8 subgroups
     assert few.fits(Dev()) and not replace(few, XC=1).fits(Dev())
 
