@@ -14,8 +14,10 @@ here: arrays of them indexed in loops stay in memory (perf/README.md,
 2026-12-02, the probe's --unrolled sweep).
 
 Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
-everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD] ..." the tiles tried by
-grid size as kernels_mmq does.
+everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]] ..." the tiles tried by
+grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
+that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
+tokens, 256).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class MmaTile:
     def shared_bytes(self, extra: int = 0) -> int:
         ks = 32 * self.SUB
         ld = ks + self.PAD
-        staged = 0 if self.WC else 2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN
+        staged = 24 if self.WC else 2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN
         return staged + 2 * ld * (self.BN + self.BT) + 4 * 256 * self.SGR * self.SGT + 4 + extra
 
     def fits(self, dev, extra: int = 0, pair: bool = False) -> bool:
@@ -86,7 +88,7 @@ class MmaTile:
             and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
                                  == (self.BT // 16) * 2 * self.SUB))
             and (not self.WC or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
-                                 == (self.BN // 16) * 2 * self.SUB and self.BN <= 128))
+                                 == (self.BN // 16) * 2 * self.SUB and 128 % self.BN == 0))
         )
 
     @classmethod
@@ -164,13 +166,16 @@ class MmaTuning:
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
 
-    def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+    def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
+                 w16_bytes: int = 0) -> MmaTile | None:
         """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
         least (the products of padding tokens are work too), the first on a tie; else None. WC tiles
-        only from wc_min_t tokens."""
+        only from wc_min_t tokens, and where their f16 weight rows (w16_bytes) fit one binding."""
+        limits = getattr(dev, "limits", None) or {}
+        binding = int(limits.get("max-storage-buffer-binding-size", 1 << 27))
         best, best_pad = None, None
         for tile in self.tiles:
-            if tile.WC and T < self.wc_min_t:
+            if tile.WC and (T < self.wc_min_t or w16_bytes > binding):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
@@ -208,19 +213,21 @@ def keeps_gemv(dev, T: int, pair: bool = False) -> bool:
 def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
     """tile_for, for grouped expert products (T: the tokens one expert's tile holds), where the
     tuning takes them onto the tensor cores; else None."""
-    if not TU.current().mma.experts:
+    t = TU.current().mma
+    if not t.experts or not t.on or not available(dev):
         return None
-    tile = tile_for(dev, n_out, T, extra, pair)
-    return replace(tile, XC=0, WC=0) if tile is not None else None  # expert tiles gather rows: no f16 row copies
+    # expert tiles gather their pairs' rows from a bank: the listed tiles without f16 row copies
+    tiles = tuple(dict.fromkeys(replace(x, XC=0, WC=0) for x in t.tiles))
+    return replace(t, tiles=tiles).tile_for(dev, n_out, T, extra, pair)
 
 
-def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0) -> MmaTile | None:
     """The tile for n_out rows x T tokens on `dev`, or None where the kernel does not run there or
     no tile fills the device (kernels_mmq's int8 GEMM then does: both read the same q8 rows)."""
     t = TU.current().mma
     if not t.on or not available(dev):
         return None
-    return t.tile_for(dev, n_out, T, extra, pair)
+    return t.tile_for(dev, n_out, T, extra, pair, w16_bytes)
 
 
 def _staged_base(tile: MmaTile, a: int, pair: bool) -> str:

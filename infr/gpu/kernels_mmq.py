@@ -373,9 +373,11 @@ def _check(w, K: int) -> Q:
     return Q(int(w.qtype))
 
 
-def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False) -> MmqTile | KMA.MmaTile:
-    """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's."""
-    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair)
+def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 0) -> MmqTile | KMA.MmaTile:
+    """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's. A WC tile's
+    f16 weight rows (each half padded to 128) must fit one binding."""
+    w16 = 2 * K * -(-n_out // 128) * 128 * (2 if pair else 1)
+    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16)
     if mma is not None:
         return mma
     return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)
@@ -390,7 +392,7 @@ def mmq_dispatches(kernels: Kernels, w, chunks, xq, y, bias, T: int, resid=None,
     q = _check(w, K)
     if sum(rows for _, _, rows in chunks) != N:
         raise ValueError(f"weight chunks hold {sum(r for _, _, r in chunks)} rows, expected {N}")
-    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks), T)
+    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks), T, K=K)
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
@@ -425,7 +427,8 @@ def pairs_act(kernels: Kernels, wg, chunks_g, T: int, act) -> bool:
     the tensor cores, which waits for a GPU run (kernels_mma.MmaTuning.table_pair, INFR_MMA_TABLE_PAIR=1)."""
     if getattr(act, "value", act) != "gelu_f16" or TU.current().mma.table_pair:
         return True
-    return not isinstance(_tile(kernels, wg.qtype, max(r for _, _, r in chunks_g), T, pair=True), KMA.MmaTile)
+    return not isinstance(_tile(kernels, wg.qtype, max(r for _, _, r in chunks_g), T, pair=True,
+                                  K=int(wg.shape[-1])), KMA.MmaTile)
 
 
 def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act, T: int,
@@ -436,7 +439,7 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
         return None
     K, N = int(wg.shape[-1]), int(wg.shape[0])
     q = Q(int(wg.qtype))
-    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks_g), T, pair=True)
+    tile = tile or _tile(kernels, q, max(r for _, _, r in chunks_g), T, pair=True, K=K)
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
@@ -470,7 +473,7 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
     N = sum(sizes)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
-    tile = tile or _tile(kernels, q, N, T)
+    tile = tile or _tile(kernels, q, N, T, K=K)
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, split=True, K=K)
     (buf, _, _), = chunks
     none = KM._no_bias(kernels)
