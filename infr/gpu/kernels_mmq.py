@@ -343,7 +343,8 @@ def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[
     pipe = dequant_pipeline(kernels, q, pair)
     res = [p, bufs[0]] + [None] * 4 + [bufs[1] if pair else None] + [None] * 6 + [buf]
     groups = (padded // (32 if pair else 64), -(-K // 512), 1)
-    return Dispatch(pipe, kernels.bind(pipe, res), groups, f"mma_dequant_{KM.wgsl_name(q)} {rows}x{K}"), buf
+    return Dispatch(pipe, kernels.bind(pipe, res), groups, f"mma_dequant_{KM.wgsl_name(q)} {rows}x{K}",
+                    len(bufs) * rows * KM.row_bytes(q, K)), buf
 
 
 def _copies(tile) -> tuple[bool, bool]:
