@@ -112,8 +112,14 @@ class MmaTile:
 # Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
 # step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
 # (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
-# the one padding T least.
-TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
+# the one padding T least. First, from 256 tokens (wc_min_t): 128 x 128 with 2 x 4 subgroups of 4 x 2
+# matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes once per product (WC).
+# On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass included) 82.7 /
+# 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s, qwen35-4b 5950.1
+# against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB of workgroup
+# memory; copying the token tile too (XC) was slower: 68.5 / 63.3.
+TILES = (MmaTile(128, 128, 2, 2, 4, 8, 0, 1), MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2),
+         MmaTile(64, 32, 2, 2, 2))
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
@@ -141,8 +147,10 @@ class MmaTuning:
     # up run as two products and gated_gelu_f16 (kernels_mmq.pairs_act)
     table_pair: bool = False
     # WC tiles dequantize the product's whole weight to f16 first: worth it where T tokens share it,
-    # not in a batched decode step's few rows (INFR_MMA_WC_MIN_T)
+    # not in a batched decode step's few rows (INFR_MMA_WC_MIN_T); and only where that f16 copy, one
+    # scratch per device, stays inside what the KV budget leaves the backend (kvpool.KVBudget.RESERVE)
     wc_min_t: int = 256
+    wc_max_bytes: int = 256 << 20
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -172,7 +180,7 @@ class MmaTuning:
         least (the products of padding tokens are work too), the first on a tie; else None. WC tiles
         only from wc_min_t tokens, and where their f16 weight rows (w16_bytes) fit one binding."""
         limits = getattr(dev, "limits", None) or {}
-        binding = int(limits.get("max-storage-buffer-binding-size", 1 << 27))
+        binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         best, best_pad = None, None
         for tile in self.tiles:
             if tile.WC and (T < self.wc_min_t or w16_bytes > binding):
@@ -216,9 +224,12 @@ def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False)
     t = TU.current().mma
     if not t.experts or not t.on or not available(dev):
         return None
-    # expert tiles gather their pairs' rows from a bank: the listed tiles without f16 row copies
-    tiles = tuple(dict.fromkeys(replace(x, XC=0, WC=0) for x in t.tiles))
-    return replace(t, tiles=tiles).tile_for(dev, n_out, T, extra, pair)
+    return replace(t, tiles=without_copies(t.tiles)).tile_for(dev, n_out, T, extra, pair)
+
+
+def without_copies(tiles) -> tuple[MmaTile, ...]:
+    """The tiles as expert products take them: without f16 row copies (their tiles gather rows from a bank)."""
+    return tuple(dict.fromkeys(replace(x, XC=0, WC=0) for x in tiles))
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0) -> MmaTile | None:
