@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import tuning as TU
 from infr.gpu.device import get_device
 from infr.gpu.runtime import Kernels, run, storage
 from infr.models.spec import Activation
@@ -124,7 +126,8 @@ def main() -> None:
             if kind == "int8":
                 auto = KMQ.device_tuning(dev).expert_tile_for(dev, q_down if which == "down" else q_up, N, A, E, pair)
             else:
-                auto = KMA.tile_for(dev, N, -(-A // E), 0, pair)
+                t = TU.current().mma  # the expert tiles as kernels_mma.expert_tile_for takes them, whether or not on
+                auto = replace(t, tiles=KMA.without_copies(t.tiles)).tile_for(dev, N, -(-A // E), 0, pair)
             for tile in _tiles(spec, parse, auto):
                 if tile is None:
                     continue
