@@ -17,7 +17,7 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256).
+tokens, 256); INFR_MMA_WC=1 puts WC_TILE, 128 x 128 copying the weights, first.
 """
 
 from __future__ import annotations
@@ -112,14 +112,15 @@ class MmaTile:
 # Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
 # step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
 # (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
-# the one padding T least. First, from 256 tokens (wc_min_t): 128 x 128 with 2 x 4 subgroups of 4 x 2
-# matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes once per product (WC).
-# On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass included) 82.7 /
-# 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s, qwen35-4b 5950.1
-# against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB of workgroup
-# memory; copying the token tile too (XC) was slower: 68.5 / 63.3.
-TILES = (MmaTile(128, 128, 2, 2, 4, 8, 0, 1), MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2),
-         MmaTile(64, 32, 2, 2, 2))
+# the one padding T least. WC_TILE (INFR_MMA_WC=1 puts it first): from 256 tokens (wc_min_t), 128 x 128
+# with 2 x 4 subgroups of 4 x 2 matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes
+# once per product. On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass
+# included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
+# qwen35-4b 5950.1 against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB
+# of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. It stays opt-in until
+# its check against the reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) has run on a GPU.
+TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
+WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 1)
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
@@ -149,6 +150,7 @@ class MmaTuning:
     # WC tiles dequantize the product's whole weight to f16 first: worth it where T tokens share it,
     # not in a batched decode step's few rows (INFR_MMA_WC_MIN_T); and only where that f16 copy, one
     # scratch per device, stays inside what the KV budget leaves the backend (kvpool.KVBudget.RESERVE)
+    wc: bool = False  # WC_TILE first (INFR_MMA_WC=1)
     wc_min_t: int = 256
     wc_max_bytes: int = 256 << 20
 
@@ -168,6 +170,8 @@ class MmaTuning:
             t = replace(t, pair_min_t=int(env["INFR_MMA_PAIR_MIN_T"]))
         if env.get("INFR_MMA_EXPERTS") in ("0", "1"):
             t = replace(t, experts=env["INFR_MMA_EXPERTS"] == "1")
+        if env.get("INFR_MMA_WC") in ("0", "1"):
+            t = replace(t, wc=env["INFR_MMA_WC"] == "1")
         if env.get("INFR_MMA_WC_MIN_T"):
             t = replace(t, wc_min_t=int(env["INFR_MMA_WC_MIN_T"]))
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
@@ -182,7 +186,7 @@ class MmaTuning:
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         best, best_pad = None, None
-        for tile in self.tiles:
+        for tile in ((WC_TILE,) if self.wc else ()) + self.tiles:
             if tile.WC and (T < self.wc_min_t or w16_bytes > binding):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)

@@ -62,13 +62,17 @@ def test_type_matches_reference(mma, kernels, qtype):
 COPIED = (KMA.MmaTile(64, 128, 2, 2, 4), PAIR, KMA.MmaTile(64, 32, 2, 2, 2))
 
 
-@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1)], ids=["tokens", "weights", "both"])
+@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1), (0, 128)], ids=["tokens", "weights", "both", "wc128"])
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
 def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     """XC / WC tiles: q8_f16.wgsl writes the rounded rows as f16 once, mma_dequant.wgsl the weight rows
     (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
     Within the bound, and the same bits as the tiles that convert both themselves (the same f16
-    values, multiplied in the same order)."""
+    values, multiplied in the same order). wc128: WC_TILE (INFR_MMA_WC=1), within the bound."""
+    if wc == 128:
+        assert KMA.WC_TILE.fits(mma, KMQ.READERS[qtype], pair=True)
+        _three_products(mma, kernels, qtype, (KMA.WC_TILE,) * 3)
+        return
     got = _three_products(mma, kernels, qtype, tuple(replace(t, XC=xc, WC=wc) for t in COPIED))
     want = _three_products(mma, kernels, qtype, COPIED)
     for g, w in zip(got, want):
@@ -223,6 +227,9 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
     xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
     assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
+    on = KMA.MmaTuning.from_env({"INFR_MMA_WC": "1"})
+    assert on.wc and not KMA.MmaTuning().wc and on.tile_for(Dev(), 4096, 512) == KMA.WC_TILE
+    assert on.tile_for(Dev(), 4096, 255) == KMA.TILES[0]  # below wc_min_t
     wc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1,1 64,32,2,2,2,8,1", "INFR_MMA_WC_MIN_T": "200"})
     assert [wc.tile_for(Dev(), 4096, T).spec for T in (512, 199)] == ["64,128,2,2,4,8,1,1", "64,32,2,2,2,8,1"]
     Dev.limits["max-storage-buffer-binding-size"] = 1 << 31  # f16 weight rows past wc_max_bytes: no WC

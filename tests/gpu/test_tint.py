@@ -212,7 +212,7 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMA.pipeline(rec, KM.wgsl_name(q), tile, expert=True)
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu", expert=True)
     assert len(asked) == len(KMQ.READERS) * (4 * len(KMA.TILES) + 2 * len(KMA.without_copies(KMA.TILES)))
-    for tile in XC_TILES:  # tiles copied from f16 rows (q8_f16.wgsl, mma_dequant.wgsl), plain, pair and q|k|v
+    for tile in XC_TILES + (KMA.WC_TILE,):  # tiles copied from f16 rows (q8_f16.wgsl, mma_dequant.wgsl), plain, pair and q|k|v
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
