@@ -17,7 +17,7 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256); INFR_MMA_WC=1 puts WC_TILE, 128 x 128 copying the weights, first.
+tokens, 256); WC_TILE, 128 x 128 copying the weights, comes first unless INFR_MMA_WC=0.
 """
 
 from __future__ import annotations
@@ -112,13 +112,14 @@ class MmaTile:
 # Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
 # step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
 # (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
-# the one padding T least. WC_TILE (INFR_MMA_WC=1 puts it first): from 256 tokens (wc_min_t), 128 x 128
+# the one padding T least. WC_TILE (first; INFR_MMA_WC=0 leaves it out): from 256 tokens (wc_min_t), 128 x 128
 # with 2 x 4 subgroups of 4 x 2 matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes
 # once per product. On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass
 # included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
 # qwen35-4b 5950.1 against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB
-# of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. It stays opt-in until
-# its check against the reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) has run on a GPU.
+# of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. Its check against the
+# reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) passed on an H100 (stop 34), and beside
+# llama-server there the 8B's pp512 ran 4879 t/s against its best 5998 (perf/h200/compare-wc-2026-12-06-h100.json).
 TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
 WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 1)
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
@@ -150,7 +151,7 @@ class MmaTuning:
     # WC tiles dequantize the product's whole weight to f16 first: worth it where T tokens share it,
     # not in a batched decode step's few rows (INFR_MMA_WC_MIN_T); and only where that f16 copy, one
     # scratch per device, stays inside what the KV budget leaves the backend (kvpool.KVBudget.RESERVE)
-    wc: bool = False  # WC_TILE first (INFR_MMA_WC=1)
+    wc: bool = True  # WC_TILE first (INFR_MMA_WC=0: not at all)
     wc_min_t: int = 256
     wc_max_bytes: int = 256 << 20
 

@@ -68,7 +68,7 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     """XC / WC tiles: q8_f16.wgsl writes the rounded rows as f16 once, mma_dequant.wgsl the weight rows
     (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
     Within the bound, and the same bits as the tiles that convert both themselves (the same f16
-    values, multiplied in the same order). wc128: WC_TILE (INFR_MMA_WC=1), within the bound."""
+    values, multiplied in the same order). wc128: WC_TILE (the default from 256 tokens), within the bound."""
     if wc == 128:
         assert KMA.WC_TILE.fits(mma, KMQ.READERS[qtype], pair=True)
         _three_products(mma, kernels, qtype, (KMA.WC_TILE,) * 3)
@@ -227,10 +227,12 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
     xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
     assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
-    on = KMA.MmaTuning.from_env({"INFR_MMA_WC": "1"})
-    assert on.wc and not KMA.MmaTuning().wc and on.tile_for(Dev(), 4096, 512) == KMA.WC_TILE
+    on, off = KMA.MmaTuning(), KMA.MmaTuning.from_env({"INFR_MMA_WC": "0"})
+    assert on.wc and not off.wc and on.tile_for(Dev(), 4096, 512) == KMA.WC_TILE
+    assert off.tile_for(Dev(), 4096, 512) == KMA.TILES[0]
     assert on.tile_for(Dev(), 4096, 255) == KMA.TILES[0]  # below wc_min_t
-    wc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1,1 64,32,2,2,2,8,1", "INFR_MMA_WC_MIN_T": "200"})
+    wc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1,1 64,32,2,2,2,8,1", "INFR_MMA_WC_MIN_T": "200",
+                                 "INFR_MMA_WC": "0"})
     assert [wc.tile_for(Dev(), 4096, T).spec for T in (512, 199)] == ["64,128,2,2,4,8,1,1", "64,32,2,2,2,8,1"]
     Dev.limits["max-storage-buffer-binding-size"] = 1 << 31  # f16 weight rows past wc_max_bytes: no WC
     assert wc.tile_for(Dev(), 4096, 512, w16_bytes=200 << 20).WC and not wc.tile_for(Dev(), 4096, 512, w16_bytes=300 << 20).WC
