@@ -30,7 +30,11 @@
 // like the weights and stored in B: each token value is converted once per batch, not once per
 // workgroup of its column. WCOPY: the weight tile likewise, from mma_dequant.wgsl's f16 rows
 // (binding 13), converted once per product, not once per token tile. EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
-// token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe).
+// token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe). KP > 1
+// (batched decode steps: few tokens, few workgroups, long K): KP groups of SGR x SGT subgroups share
+// the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
+// sums meet in ep, added in group order, and group 0 stores them. KP times the subgroups in flight
+// for the same tiles, where one group alone left most of the GPU idle waiting on its loads.
 
 enable chromium_experimental_subgroup_matrix;
 
@@ -43,6 +47,7 @@ const BT: u32 = {{BT}}u;    // tokens per tile
 const SUB: u32 = {{SUB}}u;  // sub-blocks per stage: 2, 4 or 8
 const SGR: u32 = {{SGR}}u;  // subgroups along rows
 const SGT: u32 = {{SGT}}u;  // subgroups along tokens
+const KP: u32 = {{KP}}u;    // subgroup groups splitting each stage's k values
 const SG: u32 = {{SG}}u;    // subgroup size
 const TM: u32 = {{TM}}u;    // result matrices per subgroup along rows (BN / SGR / 16)
 const TN: u32 = {{TN}}u;    // along tokens (BT / SGT / 16)
@@ -54,7 +59,7 @@ const XCOPY: bool = {{XCOPY}};
 const WCOPY: bool = {{WCOPY}};
 {{X16}}
 {{W16}}
-const WG: u32 = SGR * SGT * SG;
+const WG: u32 = KP * SGR * SGT * SG;
 const KS: u32 = 32u * SUB;   // k values per stage
 const LD: u32 = KS + PAD;    // f16 stride of a tile row
 const XV: u32 = 2u * SUB;    // int8 vec4 per row (or token) per stage
@@ -67,7 +72,7 @@ const WSN: u32 = {{WSN}}u;  // SUB BN, or 1
 
 var<workgroup> wh: array<f16, BN * LD>;
 var<workgroup> xh: array<f16, BT * LD>;
-var<workgroup> ep: array<f32, SGR * SGT * 256u>;
+var<workgroup> ep: array<f32, KP * SGR * SGT * 256u>;
 var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
 
 // #include mma_stage
@@ -147,7 +152,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
     let tok0 = tile_tok0(wid.y);
     let sr = sg % SGR;
-    let sc = sg / SGR;
+    let sc = (sg / SGR) % SGT;
+    let kp = sg / (SGR * SGT);  // KP: this subgroup's group
     let nst = params.K / KS;
     if (INIT) {
         reader_init(tid);
@@ -169,7 +175,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             g = fetch(st + 1u, tid, first, tok0);  // in flight during the products
 {{XM_LOAD}}
         }
-        for (var kk = 0u; kk < KS; kk += 16u) {
+        for (var kq = 0u; kq < KS / KP; kq += 16u) {
+            let kk = kp * (KS / KP) + kq;
 {{PRODUCTS}}
         }
         if (ahead) {
@@ -182,25 +189,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 // XCOPY: token matrix j of subgroup sg in a stage, (token rows of 16, values of 16) of the tile's
-// (BT / 16) x (KS / 16): its offset in x16 at stage st, and in xh.
+// (BT / 16) x (KS / 16): its offset in x16 at stage st (in xh: tile_at).
 fn x16_at(sg: u32, j: u32, st: u32, tok0: u32) -> u32 {
     let i = sg + j * SGR * SGT;
     return (tok0 + (i / (KS / 16u)) * 16u) * params.K + st * KS + (i % (KS / 16u)) * 16u;
 }
 
 // WCOPY: weight matrix j of subgroup sg in a stage, of the tile's (BN / 16) x (KS / 16): its offset
-// in w16 (mma_dequant.wgsl's f16 rows) at stage st, and in wh.
+// in w16 (mma_dequant.wgsl's f16 rows) at stage st (in wh: tile_at).
 fn w16_at(sg: u32, j: u32, st: u32, first: u32) -> u32 {
     let i = sg + j * SGR * SGT;
     return f16_row((i / (KS / 16u)) * 16u, first) * params.K + st * KS + (i % (KS / 16u)) * 16u;
 }
 
-fn wh_at(sg: u32, j: u32) -> u32 {
-    let i = sg + j * SGR * SGT;
-    return (i / (KS / 16u)) * 16u * LD + (i % (KS / 16u)) * 16u;
-}
-
-fn xh_at(sg: u32, j: u32) -> u32 {
+// Matrix j of subgroup sg in a stage's workgroup tile (wh or xh, both [row][k] of stride LD).
+fn tile_at(sg: u32, j: u32) -> u32 {
     let i = sg + j * SGR * SGT;
     return (i / (KS / 16u)) * 16u * LD + (i % (KS / 16u)) * 16u;
 }
@@ -213,11 +216,16 @@ fn pair_act(g: f32) -> f32 {
 
 // One output matrix of this subgroup through ep: rows row0 + m, the tile's tokens t0 + n
 // (ep column-major: element (m, n) at 16 n + m); `other` the matching up
-// matrix's values (PAIR) as this lane read them.
+// matrix's values (PAIR) as this lane read them. KP: the sum of every group's matrix in that place.
 fn out_values(scratch: u32, lane: u32) -> array<f32, 8> {
     var v: array<f32, 8>;
+    let base = scratch % (SGR * SGT * 256u);
     for (var e = 0u; e < 8u; e++) {
-        v[e] = ep[scratch + lane + 32u * e];
+        var x = ep[base + lane + 32u * e];
+        for (var p = 1u; p < KP; p++) {
+            x += ep[base + p * SGR * SGT * 256u + lane + 32u * e];
+        }
+        v[e] = x;
     }
     return v;
 }

@@ -172,6 +172,17 @@ def pair_act_consts(pair_act: str | None) -> dict:
     return dict(PAIR_ACT=act, ACT_TABLE=table)
 
 
+def tile_reader_consts(pair: bool, split: bool = False) -> dict:
+    """What the tiled kernels' block readers (gemm_mmq, gemm_mma, mma_dequant) take for a gate||up
+    pair's up rows (w2, binding 6) and the q|k|v split's store."""
+    return {
+        "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
+        "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
+        "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
+        "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
+    }
+
+
 def pair_resources(kernels: Kernels, res: list, pair_act) -> list:
     """A pair kernel's bindings `res`, with the gelu table at PAIR_TABLE_BINDING where its act reads it."""
     if getattr(pair_act, "value", pair_act) != "gelu_f16":

@@ -14,7 +14,7 @@ here: arrays of them indexed in loops stay in memory (perf/README.md,
 2026-12-02, the probe's --unrolled sweep).
 
 Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
-everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]] ..." the tiles tried by
+everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
 tokens, 256); WC_TILE, 128 x 128 copying the weights, comes first unless INFR_MMA_WC=0.
@@ -48,6 +48,7 @@ class MmaTile:
     PAD: int = 8
     XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here
     WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl)
+    KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
 
     @property
     def token_mats(self) -> int:
@@ -69,20 +70,21 @@ class MmaTile:
 
     @property
     def invocations(self) -> int:
-        return self.SGR * self.SGT * SUBGROUP
+        return self.KP * self.SGR * self.SGT * SUBGROUP
 
     def shared_bytes(self, extra: int = 0) -> int:
         ks = 32 * self.SUB
         ld = ks + self.PAD
         staged = 24 if self.WC else 2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN
-        return staged + 2 * ld * (self.BN + self.BT) + 4 * 256 * self.SGR * self.SGT + 4 + extra
+        return staged + 2 * ld * (self.BN + self.BT) + 4 * 256 * self.KP * self.SGR * self.SGT + 4 + extra
 
     def fits(self, dev, extra: int = 0, pair: bool = False) -> bool:
         limits = getattr(dev, "limits", None) or {}
         mem = int(limits.get("max-compute-workgroup-storage-size", 16384))
         inv = int(limits.get("max-compute-invocations-per-workgroup", 256))
         return (
-            self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1
+            self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1 and self.KP >= 1 and 2 * self.SUB % self.KP == 0
+            and (self.KP == 1 or not (self.XC or self.WC))  # the copies index subgroups of one group
             and self.BN == self.TM * self.SGR * SHAPE[0] and self.BT == self.TN * self.SGT * SHAPE[1]
             and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
             and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
@@ -93,13 +95,14 @@ class MmaTile:
 
     @classmethod
     def parse(cls, spec: str) -> MmaTile:
-        """'BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC]]]'."""
+        """'BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]]'."""
         return cls(*map(int, spec.split(",")))
 
     @property
     def spec(self) -> str:
         return ",".join(map(str, (self.BN, self.BT, self.SUB, self.SGR, self.SGT, self.PAD)
-                            + ((self.XC, self.WC) if self.WC else (self.XC,) if self.XC else ())))
+                            + ((self.XC, self.WC, self.KP) if self.KP != 1 else (self.XC, self.WC) if self.WC
+                               else (self.XC,) if self.XC else ())))
 
 
 # Tiles tried in order: the first giving min_groups workgroups; where none does, the
@@ -277,15 +280,16 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
                 epi += [f"    subgroupMatrixStore(&ep, scratch, acc_{a + TM // 2}_{b}, true, 16u);", "    workgroupBarrier();",
                         f"    let u_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
                 up = f"u_{a}_{b}"
-            epi.append(f"    store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
-                       f"tok0, (sc * TN + {b}u) * 16u);")
+            st = (f"store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
+                  f"tok0, (sc * TN + {b}u) * 16u);")
+            epi.append(f"    {st}" if tile.KP == 1 else f"    if (kp == 0u) {{ {st} }}")
     gen = {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi),
            "XM_DECL": "", "XM_STORE": "", "XM_LOAD": ""}
     copies = []  # (matrix type, name, source, its offset fn, the tile, the tile's offset fn, column-major, how many)
     if tile.XC:
-        copies.append((right, "xm", "x16", "x16_at(sg, {j}u, {st}, tok0)", "xh", "xh_at(sg, {j}u)", "true", tile.token_mats))
+        copies.append((right, "xm", "x16", "x16_at(sg, {j}u, {st}, tok0)", "xh", "tile_at(sg, {j}u)", "true", tile.token_mats))
     if tile.WC:
-        copies.append((left, "wm", "w16", "w16_at(sg, {j}u, {st}, first)", "wh", "wh_at(sg, {j}u)", "false",
+        copies.append((left, "wm", "w16", "w16_at(sg, {j}u, {st}, first)", "wh", "tile_at(sg, {j}u)", "false",
                        tile.weight_mats))
     decl, store, load = [], [], []
     for typ, name, src, at, dst, dst_at, cm, n in copies:
@@ -314,12 +318,9 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         gen["PRODUCTS"] = ""
     consts = {
         "QTYPE": qtype_name, "BN": tile.BN, "BT": tile.BT, "SUB": tile.SUB, "SGR": tile.SGR, "SGT": tile.SGT,
-        "SG": SUBGROUP, "TM": tile.TM, "TN": tile.TN, "PAD": tile.PAD,
+        "SG": SUBGROUP, "TM": tile.TM, "TN": tile.TN, "PAD": tile.PAD, "KP": tile.KP,
         "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
-        "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
-        "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
-        "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
-        "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
+        **KM.tile_reader_consts(pair, split),
         "CONVERT": str("convert" in phases).lower(), **gen,
         "XCOPY": str(bool(tile.XC)).lower(), "NXA": 1 if tile.XC else -(-tile.BT * 2 * tile.SUB // tile.invocations),
         "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC else "",

@@ -303,10 +303,7 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
         "PREFETCH": t.PREFETCH, "NB": 2 if t.PREFETCH else 1,
         "SWR": 7 if (t.BN // t.RM) % 8 == 0 else 0, "SWT": 7 if (t.BT // t.RT) % 8 == 0 else 0,
         "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
-        "W2": "@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
-        "W2_LOAD": "if (slot == 1u) { return w2[i]; }" if pair else "",
-        "W2_WORD": "if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
-        "SPLIT_DECL": "// #include gemv_split" if split else "", "STORE": "store_split" if split else "store_row",
+        **KM.tile_reader_consts(pair, split),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mmq", "main", unchecked=bool(t.UNCHECKED), **consts)
@@ -327,10 +324,7 @@ def token_rows(kernels: Kernels, xq, K: int, T: int, bt: int) -> tuple[Dispatch,
 def dequant_pipeline(kernels: Kernels, q, pair: bool):
     """wgsl/mma_dequant.wgsl for type q, a plain matrix or a gate||up pair."""
     return kernels.pipeline("mma_dequant", "main", unchecked=True, QTYPE=KM.wgsl_name(q), PAIR=str(pair).lower(),
-                            W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
-                            W2_LOAD="if (slot == 1u) { return w2[i]; }" if pair else "",
-                            W2_WORD="if (slot == 1u) { return w2[i >> 2u][i & 3u]; }" if pair else "",
-                            SPLIT_DECL="", **KM.pair_act_consts(None))
+                            **KM.tile_reader_consts(pair), **KM.pair_act_consts(None))
 
 
 def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[Dispatch, object]:
@@ -350,6 +344,22 @@ def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[
 def _copies(tile) -> tuple[bool, bool]:
     """Whether a tile copies f16 token rows (XC) and f16 weight rows (WC)."""
     return (bool(tile.XC), bool(tile.WC)) if isinstance(tile, KMA.MmaTile) else (False, False)
+
+
+def _token_pass(kernels: Kernels, tile, xq, K: int, T: int, bt: int, extra: dict) -> list[Dispatch]:
+    """An XC tile's token_rows pass ([] for other tiles), its scratch put at binding 12 of `extra`."""
+    if not _copies(tile)[0]:
+        return []
+    d, extra[12] = token_rows(kernels, xq, K, T, bt)
+    return [d]
+
+
+def _weight_pass(kernels: Kernels, tile, q, p, bufs: list, K: int, rows: int, extra: dict) -> list[Dispatch]:
+    """A WC tile's weight_rows pass for one chunk ([] for other tiles), its scratch at binding 13 of `extra`."""
+    if not _copies(tile)[1]:
+        return []
+    d, extra[13] = weight_rows(kernels, q, p, bufs, K, rows)
+    return [d]
 
 
 def _with(res: list, extra: dict) -> list:
@@ -397,17 +407,12 @@ def mmq_dispatches(kernels: Kernels, w, chunks, xq, y, bias, T: int, resid=None,
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
-    xc, wc = _copies(tile)
-    out, extra = [], {}
-    if xc:
-        d, extra[12] = token_rows(kernels, xq, K, T, bt)
-        out.append(d)
+    extra: dict = {}
+    out = _token_pass(kernels, tile, xq, K, T, bt, extra)
     for buf, row0, rows in chunks:
         p = storage(kernels.dev, _params(q, K, rows, row0, y_stride or N, T, bias is not None, resid is not None),
                     label="mmq.params", uniform=True)
-        if wc:
-            d, extra[13] = weight_rows(kernels, q, p, [buf], K, rows)
-            out.append(d)
+        out += _weight_pass(kernels, tile, q, p, [buf], K, rows, extra)
         bind = kernels.bind(pipe, _with([p, buf, xq, y, bias if bias is not None else none,
                                          resid if resid is not None else none], extra))
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
@@ -444,17 +449,12 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
     pipe, rows_wg, bt = mmq_pipeline(kernels, q, tile, pair_act=getattr(act, "value", act), K=K)
     none = KM._no_bias(kernels)
     rb = KM.row_bytes(q, K)
-    xc, wc = _copies(tile)
-    out, extra = [], {}
-    if xc:
-        d, extra[12] = token_rows(kernels, xq, K, T, bt)
-        out.append(d)
+    extra: dict = {}
+    out = _token_pass(kernels, tile, xq, K, T, bt, extra)
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
         p = storage(kernels.dev, _params(q, K, rows, row0, N, T, False, False), label="mmq.gate_up.params",
                     uniform=True)
-        if wc:
-            d, extra[13] = weight_rows(kernels, q, p, [bg, bu], K, rows)
-            out.append(d)
+        out += _weight_pass(kernels, tile, q, p, [bg, bu], K, rows, extra)
         groups = (-(-rows // rows_wg), -(-T // bt), 1)
         bind = kernels.bind(pipe, _with(KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu], act), extra))
         out.append(Dispatch(pipe, bind, groups, f"mmq_{KM.wgsl_name(q)}_gate_up {N}x{K}", 2 * groups[1] * rows * rb))
@@ -482,14 +482,8 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
                 label="mmq.qkv.params", uniform=True)
     # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
     outs = list(ys) + [storage(kernels.dev, 16, label="mmq.no_output") for _ in range(3 - len(ys))]
-    xc, wc = _copies(tile)
-    pre, extra = [], {}
-    if xc:
-        d, extra[12] = token_rows(kernels, xq, K, T, bt)
-        pre.append(d)
-    if wc:
-        d, extra[13] = weight_rows(kernels, q, p, [buf], K, N)
-        pre.append(d)
+    extra: dict = {}
+    pre = _token_pass(kernels, tile, xq, K, T, bt, extra) + _weight_pass(kernels, tile, q, p, [buf], K, N, extra)
     bind = kernels.bind(pipe, _with([p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]],
                                     extra))
     groups = (-(-N // rows_wg), -(-T // bt), 1)

@@ -79,6 +79,22 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
         np.testing.assert_array_equal(g, w)
 
 
+KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2),
+            KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
+def test_stages_split_among_subgroup_groups(mma, kernels, qtype):
+    """KP tiles (batched decode steps): groups of subgroups each multiply their share of a stage's
+    values and group 0 stores the sums. Within the bound for the plain product, the pair and the
+    q|k|v split, each tile; and within rounding of the same tile's KP = 1 (other summation order)."""
+    for tile in KP_TILES:
+        got = _three_products(mma, kernels, qtype, (tile,) * 3)
+        want = _three_products(mma, kernels, qtype, (replace(tile, KP=1),) * 3)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(w))))
+
+
 def _three_products(gpu, kernels, qtype, tiles):
     """A plain product with bias and residual, a GELU gate||up pair and the q|k|v split on `tiles`,
     each against the reference; their outputs."""

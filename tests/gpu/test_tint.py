@@ -193,6 +193,7 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
 
 XC_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 1), KMA.MmaTile(128, 128, 2, 2, 2, 0, 1), KMA.MmaTile(64, 32, 2, 2, 2, 8, 1),
             KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 1), KMA.MmaTile(128, 128, 2, 2, 2, 8, 1, 1), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 1))
+KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2), KMA.MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4), KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8))
 
 
 def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
@@ -216,6 +217,11 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
+    for tile in KP_TILES:  # stages split among groups of subgroups (batched decode steps)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
+        KMA.pipeline(rec, KM.wgsl_name(Q.IQ4_XS), tile, split=True)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, pair_act="gelu_f16", expert=True)
     rec.pipeline("q8_f16")
     for q in KMQ.READERS:  # the dequantizing pass of every reader, plain and pair
         for pair in (False, True):
