@@ -127,7 +127,7 @@ def main() -> None:
                 auto = KMQ.device_tuning(dev).expert_tile_for(dev, q_down if which == "down" else q_up, N, A, E, pair)
             else:
                 t = TU.current().mma  # the expert tiles as kernels_mma.expert_tile_for takes them, whether or not on
-                auto = replace(t, tiles=KMA.without_copies(t.tiles)).tile_for(dev, N, -(-A // E), 0, pair)
+                auto = replace(t, tiles=KMA.without_copies(t.tiles), plain_tiles=None).tile_for(dev, N, -(-A // E), 0, pair)
             for tile in _tiles(spec, parse, auto):
                 if tile is None:
                     continue

@@ -143,6 +143,9 @@ PAIR_MIN_T = 17
 class MmaTuning:
     on: bool = True
     tiles: tuple[MmaTile, ...] = TILES
+    # plain products' (and the q|k|v split's) own tiles, where they differ from a gate||up pair's
+    # (INFR_MMA_PLAIN_TILES; None: `tiles`)
+    plain_tiles: tuple[MmaTile, ...] | None = None
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
     pair_min_t: int = PAIR_MIN_T
@@ -166,6 +169,8 @@ class MmaTuning:
             t = replace(t, on=False)
         if env.get("INFR_MMA_TILES"):
             t = replace(t, tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_TILES"].split()))
+        if env.get("INFR_MMA_PLAIN_TILES"):
+            t = replace(t, plain_tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_PLAIN_TILES"].split()))
         if env.get("INFR_MMA_MIN_GROUPS"):
             t = replace(t, min_groups=int(env["INFR_MMA_MIN_GROUPS"]))
         if env.get("INFR_MMA_PLAIN_MIN_T"):
@@ -190,7 +195,8 @@ class MmaTuning:
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         best, best_pad = None, None
-        for tile in ((WC_TILE,) if self.wc else ()) + self.tiles:
+        tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
+        for tile in ((WC_TILE,) if self.wc else ()) + tiles:
             if tile.WC and (T < self.wc_min_t or w16_bytes > binding):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
@@ -232,7 +238,7 @@ def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False)
     t = TU.current().mma
     if not t.experts or not t.on or not available(dev):
         return None
-    return replace(t, tiles=without_copies(t.tiles)).tile_for(dev, n_out, T, extra, pair)
+    return replace(t, tiles=without_copies(t.tiles), plain_tiles=None).tile_for(dev, n_out, T, extra, pair)
 
 
 def without_copies(tiles) -> tuple[MmaTile, ...]:

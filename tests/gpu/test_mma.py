@@ -88,7 +88,9 @@ def test_stages_split_among_subgroup_groups(mma, kernels, qtype):
     """KP tiles (batched decode steps): groups of subgroups each multiply their share of a stage's
     values and group 0 stores the sums. Within the bound for the plain product, the pair and the
     q|k|v split, each tile; and within rounding of the same tile's KP = 1 (other summation order)."""
-    for tile in KP_TILES:
+    tiles = [t for t in KP_TILES if t.fits(mma, KMQ.READERS[qtype], pair=True)]
+    assert len(tiles) >= 2  # the IQ4 readers' 1 KiB table puts 64 x 16 with 8 groups past 48 KiB
+    for tile in tiles:
         got = _three_products(mma, kernels, qtype, (tile,) * 3)
         want = _three_products(mma, kernels, qtype, (replace(tile, KP=1),) * 3)
         for g, w in zip(got, want):
@@ -252,6 +254,12 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert [wc.tile_for(Dev(), 4096, T).spec for T in (512, 199)] == ["64,128,2,2,4,8,1,1", "64,32,2,2,2,8,1"]
     Dev.limits["max-storage-buffer-binding-size"] = 1 << 31  # f16 weight rows past wc_max_bytes: no WC
     assert wc.tile_for(Dev(), 4096, 512, w16_bytes=200 << 20).WC and not wc.tile_for(Dev(), 4096, 512, w16_bytes=300 << 20).WC
+    # plain products (and the q|k|v split) may take tiles of their own: here KP groups at 32 rows
+    own = KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_TILES": "64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4"})
+    kp = own.tile_for(Dev(), 4096, 32)
+    assert kp.spec == "32,32,4,1,2,8,0,0,4" and kp.KP == 4 and kp.invocations == 256 and kp.fits(Dev())
+    assert own.tile_for(Dev(), 4096, 32, pair=True) == KMA.TILES[2] and own.tile_for(Dev(), 4096, 64).BT == 64
+    assert KMA.MmaTile.parse(kp.spec) == kp and not replace(kp, XC=1).fits(Dev()) and not replace(kp, KP=3).fits(Dev())
     few = KMA.MmaTile(128, 16, 2, 8, 1)  # 4 token matrices a stage for 8 subgroups
     assert few.fits(Dev()) and not replace(few, XC=1).fits(Dev())
 
