@@ -122,9 +122,18 @@ class MmaTile:
 # qwen35-4b 5950.1 against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB
 # of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. Its check against the
 # reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) passed on an H100 (stop 34), and beside
-# llama-server there the 8B's pp512 ran 4879 t/s against its best 5998 (perf/h200/compare-wc-2026-12-06-h100.json).
+# llama-server, warmed, there the 8B's pp512 ran 4945 t/s against its 10433 (perf/h200/compare-8b-r4-2026-12-06-h100.json).
 TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
 WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 1)
+# KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
+# of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
+# Q4_K shapes, perf/h200/mma-kp-T32-2026-12-06-h100.json) 32 x 32 with 4 groups ran q/o 17.2, down 18.5 TOPS
+# against the GEMV's 11.1 / 17.0 and 64 x 32's 9.1 / 9.0; the pair keeps 64 x 32 (30.1 against 18.4). With
+# INFR_MMA_PLAIN_TILES="64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4" INFR_MMA_PLAIN_MIN_T=32 the 8B decoded
+# 32 rows at 1566.8 t/s against 1436.2, 16 rows unchanged (perf/h200/batched-kp-2026-12-06-h100.txt). Three
+# other KP tiles passed their reference check on the H100 (test_mma.py::test_stages_split_among_subgroup_groups);
+# this one was added to it after the device time ran out, so it stays opt-in until that check has run.
+PLAIN_KP_TILE = MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4)
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 

@@ -80,7 +80,7 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
 
 
 KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2),
-            KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8))
+            KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8), KMA.PLAIN_KP_TILE)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
@@ -89,7 +89,7 @@ def test_stages_split_among_subgroup_groups(mma, kernels, qtype):
     values and group 0 stores the sums. Within the bound for the plain product, the pair and the
     q|k|v split, each tile; and within rounding of the same tile's KP = 1 (other summation order)."""
     tiles = [t for t in KP_TILES if t.fits(mma, KMQ.READERS[qtype], pair=True)]
-    assert len(tiles) >= 2  # the IQ4 readers' 1 KiB table puts 64 x 16 with 8 groups past 48 KiB
+    assert len(tiles) >= 3  # the IQ4 readers' 1 KiB table puts 64 x 16 with 8 groups past 48 KiB
     for tile in tiles:
         got = _three_products(mma, kernels, qtype, (tile,) * 3)
         want = _three_products(mma, kernels, qtype, (replace(tile, KP=1),) * 3)
@@ -256,6 +256,7 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert wc.tile_for(Dev(), 4096, 512, w16_bytes=200 << 20).WC and not wc.tile_for(Dev(), 4096, 512, w16_bytes=300 << 20).WC
     # plain products (and the q|k|v split) may take tiles of their own: here KP groups at 32 rows
     own = KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_TILES": "64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4"})
+    assert own.plain_tiles[2] == KMA.PLAIN_KP_TILE and KMA.MmaTuning().plain_tiles is None  # opt-in
     kp = own.tile_for(Dev(), 4096, 32)
     assert kp.spec == "32,32,4,1,2,8,0,0,4" and kp.KP == 4 and kp.invocations == 256 and kp.fits(Dev())
     assert own.tile_for(Dev(), 4096, 32, pair=True) == KMA.TILES[2] and own.tile_for(Dev(), 4096, 64).BT == 64
