@@ -21,7 +21,6 @@ import argparse
 import datetime as dt
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +126,7 @@ def main() -> None:
                 auto = KMQ.device_tuning(dev).expert_tile_for(dev, q_down if which == "down" else q_up, N, A, E, pair)
             else:
                 t = TU.current().mma  # the expert tiles as kernels_mma.expert_tile_for takes them, whether or not on
-                auto = replace(t, tiles=KMA.without_copies(t.tiles), plain_tiles=None).tile_for(dev, N, -(-A // E), 0, pair)
+                auto = t.for_experts().tile_for(dev, N, -(-A // E), 0, pair)
             for tile in _tiles(spec, parse, auto):
                 if tile is None:
                     continue

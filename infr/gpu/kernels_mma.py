@@ -197,22 +197,28 @@ class MmaTuning:
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
-                 w16_bytes: int = 0) -> MmaTile | None:
+                 w16_bytes: int = 0, K: int = 0) -> MmaTile | None:
         """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
         least (the products of padding tokens are work too), the first on a tie; else None. WC tiles
-        only from wc_min_t tokens, and where their f16 weight rows (w16_bytes) fit one binding."""
+        only from wc_min_t tokens, and where their f16 weight rows (w16_bytes) fit one binding; with
+        K (rows of K values), only tiles whose stages divide it."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
         for tile in ((WC_TILE,) if self.wc else ()) + tiles:
-            if tile.WC and (T < self.wc_min_t or w16_bytes > binding):
+            if (tile.WC and (T < self.wc_min_t or w16_bytes > binding)) or (K and K % (32 * tile.SUB)):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
             if tile.fits(dev, extra, pair) and groups >= self.min_groups and (best_pad is None or pad < best_pad):
                 best, best_pad = tile, pad
         return best
+
+    def for_experts(self) -> MmaTuning:
+        """The tuning as grouped expert products take it: no tile copying f16 rows (their tiles gather
+        rows from a bank), one tile list."""
+        return replace(self, tiles=without_copies(self.tiles), plain_tiles=None, wc=False)
 
 
 def available(dev) -> bool:
@@ -247,7 +253,7 @@ def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False)
     t = TU.current().mma
     if not t.experts or not t.on or not available(dev):
         return None
-    return replace(t, tiles=without_copies(t.tiles), plain_tiles=None).tile_for(dev, n_out, T, extra, pair)
+    return t.for_experts().tile_for(dev, n_out, T, extra, pair)
 
 
 def without_copies(tiles) -> tuple[MmaTile, ...]:
@@ -255,13 +261,14 @@ def without_copies(tiles) -> tuple[MmaTile, ...]:
     return tuple(dict.fromkeys(replace(x, XC=0, WC=0) for x in tiles))
 
 
-def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0) -> MmaTile | None:
+def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,
+             K: int = 0) -> MmaTile | None:
     """The tile for n_out rows x T tokens on `dev`, or None where the kernel does not run there or
     no tile fills the device (kernels_mmq's int8 GEMM then does: both read the same q8 rows)."""
     t = TU.current().mma
     if not t.on or not available(dev):
         return None
-    return t.tile_for(dev, n_out, T, extra, pair, w16_bytes)
+    return t.tile_for(dev, n_out, T, extra, pair, w16_bytes, K)
 
 
 def _staged_base(tile: MmaTile, a: int, pair: bool) -> str:
@@ -324,6 +331,9 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     pair = pair_act is not None
     if pair_act not in (None, *KM.PAIR_ACTS):
         raise UnsupportedError(f"no tensor-core gate||up kernel for the activation {pair_act!r}")
+    if tile.KP > 1 and (tile.XC or tile.WC or 2 * tile.SUB % tile.KP):
+        raise UnsupportedError(f"tensor-core tile {tile.spec}: KP groups need whole 16-value products a stage "
+                               "and no f16 row copies (those index the subgroups of one group)")
     if (tile.XC or tile.WC) and expert:
         raise UnsupportedError("a tensor-core tile copying f16 rows (XC, WC) reads whole tiles of a matrix; "
                                "expert tiles gather their pairs' rows from a bank")

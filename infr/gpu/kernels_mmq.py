@@ -388,7 +388,7 @@ def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 
     """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's. A WC tile's
     f16 weight rows (each half padded to 128) must fit one binding."""
     w16 = 2 * K * -(-n_out // 128) * 128 * (2 if pair else 1)
-    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16)
+    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K)
     if mma is not None:
         return mma
     return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)

@@ -21,6 +21,7 @@ from test_moe_gpu import _grouped_case, _grouped_pair_case
 from test_quant_kernels import make_weight
 
 from infr.cpu import ops as F
+from infr.errors import UnsupportedError
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
@@ -234,12 +235,13 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert big.shared_bytes() > 49152 and not big.fits(Dev())
     odd = KMA.MmaTile(32, 64, 2, 2, 2)  # one row matrix per subgroup: no gate / up halves
     assert odd.fits(Dev()) and not odd.fits(Dev(), pair=True)
-    tiles = KMA.MmaTuning(tiles=(big, KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2)), min_groups=256)
+    tiles = KMA.MmaTuning(tiles=(big, KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2)), min_groups=256, wc=False)
     assert tiles.tile_for(Dev(), 4096, 512).spec == "64,128,2,2,4,8"  # 256 workgroups
     assert tiles.tile_for(Dev(), 2048, 512).spec == "64,64,2,2,2,8"  # 64 x 128 gives 128 only
     assert tiles.tile_for(Dev(), 2048, 128) is None  # none fills the device: mmq's smaller tiles
     # a batched decode step's few rows take the tile padding them least, the first on a tie
-    small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)))
+    small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)),
+                          wc=False)
     assert [small.tile_for(Dev(), 4096, T).BT for T in (512, 100, 64, 33, 32, 16)] == [128, 128, 64, 64, 32, 32]
     assert all(t.fits(Dev()) and t.fits(Dev(), pair=True) for t in KMA.TILES)
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
@@ -261,6 +263,13 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert kp.spec == "32,32,4,1,2,8,0,0,4" and kp.KP == 4 and kp.invocations == 256 and kp.fits(Dev())
     assert own.tile_for(Dev(), 4096, 32, pair=True) == KMA.TILES[2] and own.tile_for(Dev(), 4096, 64).BT == 64
     assert KMA.MmaTile.parse(kp.spec) == kp and not replace(kp, XC=1).fits(Dev()) and not replace(kp, KP=3).fits(Dev())
+    # rows whose K its 128-value stages do not divide (SmolLM2's 576) take a tile of 64-value stages
+    assert own.tile_for(Dev(), 4096, 32, K=576).spec == "64,64,2,2,2,8" and own.tile_for(Dev(), 4096, 32, K=640) == kp
+    with pytest.raises(UnsupportedError):
+        KMA.pipeline(None, "q4_k", replace(kp, XC=1))
+    # grouped expert products never take a tile copying f16 rows, WC_TILE included, at any share of tokens
+    experts = KMA.MmaTuning().for_experts()
+    assert not any(experts.tile_for(Dev(), 4096, T, pair=p).WC for T in (32, 256, 512, 4096) for p in (False, True))
     few = KMA.MmaTile(128, 16, 2, 8, 1)  # 4 token matrices a stage for 8 subgroups
     assert few.fits(Dev()) and not replace(few, XC=1).fits(Dev())
 
