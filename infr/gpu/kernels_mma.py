@@ -69,6 +69,12 @@ class MmaTile:
         return self.BT // self.SGT // SHAPE[1]
 
     @property
+    def kp_ok(self) -> bool:
+        """KP groups take whole 16-value products of each stage and copy no f16 rows (the copies index
+        the subgroups of one group)."""
+        return self.KP >= 1 and 2 * self.SUB % self.KP == 0 and (self.KP == 1 or not (self.XC or self.WC))
+
+    @property
     def invocations(self) -> int:
         return self.KP * self.SGR * self.SGT * SUBGROUP
 
@@ -83,8 +89,7 @@ class MmaTile:
         mem = int(limits.get("max-compute-workgroup-storage-size", 16384))
         inv = int(limits.get("max-compute-invocations-per-workgroup", 256))
         return (
-            self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1 and self.KP >= 1 and 2 * self.SUB % self.KP == 0
-            and (self.KP == 1 or not (self.XC or self.WC))  # the copies index subgroups of one group
+            self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1 and self.kp_ok
             and self.BN == self.TM * self.SGR * SHAPE[0] and self.BT == self.TN * self.SGT * SHAPE[1]
             and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
             and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
@@ -331,7 +336,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     pair = pair_act is not None
     if pair_act not in (None, *KM.PAIR_ACTS):
         raise UnsupportedError(f"no tensor-core gate||up kernel for the activation {pair_act!r}")
-    if tile.KP > 1 and (tile.XC or tile.WC or 2 * tile.SUB % tile.KP):
+    if not tile.kp_ok:
         raise UnsupportedError(f"tensor-core tile {tile.spec}: KP groups need whole 16-value products a stage "
                                "and no f16 row copies (those index the subgroups of one group)")
     if (tile.XC or tile.WC) and expert:
