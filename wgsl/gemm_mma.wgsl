@@ -29,7 +29,9 @@
 // f16 rows (binding 12, T rounded up to BT rows) by subgroup matrix loads, fetched a stage ahead
 // like the weights and stored in B: each token value is converted once per batch, not once per
 // workgroup of its column. WCOPY: the weight tile likewise, from mma_dequant.wgsl's f16 rows
-// (binding 13), converted once per product, not once per token tile. EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
+// (binding 13), converted once per product, not once per token tile; WVEC (WC 2) copies those rows by
+// vec4 words into registers a stage ahead and f16 stores in B, as the tokens: on an H100 that ran at 149
+// against 80 TOPS for the matrix loads and stores (perf/README.md, stop 35). EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
 // token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe). KP > 1
 // (batched decode steps: few tokens, few workgroups, long K): KP groups of SGR x SGT subgroups share
 // the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
@@ -57,6 +59,7 @@ const PAIR: bool = {{PAIR}};
 const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
 const XCOPY: bool = {{XCOPY}};
 const WCOPY: bool = {{WCOPY}};
+const WVEC: bool = {{WVEC}};  // WCOPY by vec4 loads into registers and f16 stores, not matrix loads and stores
 {{X16}}
 {{W16}}
 const WG: u32 = KP * SGR * SGT * SG;
@@ -66,7 +69,7 @@ const XV: u32 = 2u * SUB;    // int8 vec4 per row (or token) per stage
 const OUT_ROWS: u32 = select(BN, BN / 2u, PAIR);
 const NU: u32 = (BN * UNITS + WG - 1u) / WG;  // weight units per invocation per stage
 const NX: u32 = (BT * XV + WG - 1u) / WG;     // token vec4 per invocation per stage
-const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted per invocation
+const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted (WVEC: copied) per invocation
 const WQN: u32 = {{WQN}}u;  // XV BN, or 1 (unused) with WCOPY
 const WSN: u32 = {{WSN}}u;  // SUB BN, or 1
 
@@ -83,6 +86,7 @@ struct Staged {
     u: array<Raw, NU>,
     x: array<vec4<u32>, {{NXA}}>,  // NX, or 1 (unused) with XCOPY
     d: array<vec4<u32>, {{NXA}}>,
+    w: array<vec4<u32>, NWA>,  // WVEC: NW groups of 8 f16 weight values (mma_wvec_on.wgsl), or 1 (unused)
 }
 
 fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
@@ -90,6 +94,9 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     var g: Staged;
     if (!WCOPY) {
         g.u = fetch_units(k0, tid, first);
+    }
+    if (WVEC) {
+        g.w = wvec_fetch(k0, tid, first);
     }
     for (var n = 0u; n < select(NX, 0u, XCOPY); n++) {
         let k = tid + n * WG;
@@ -109,6 +116,8 @@ fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
     }
 }
 
+{{WVEC_FNS}}
+
 // Stage-local vec4 v (quantize_q8's order) -> (sub-block, half): the inverse of qv.
 fn sub_half(v: u32) -> vec2<u32> {
     return vec2<u32>(2u * (v / 4u) + (v % 2u), (v % 4u) / 2u);
@@ -116,6 +125,9 @@ fn sub_half(v: u32) -> vec2<u32> {
 
 // B: the staged weights and the fetched tokens as f16 tiles.
 fn convert(g: Staged, tid: u32) {
+    if (WVEC) {
+        wvec_put(g.w, tid);
+    }
     for (var n = 0u; n < select(NW, 0u, WCOPY); n++) {
         let i = tid + n * WG;
         if (i < BN * KS / 8u) {

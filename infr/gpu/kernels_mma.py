@@ -17,7 +17,8 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256); WC_TILE, 128 x 128 copying the weights, comes first unless INFR_MMA_WC=0.
+tokens, 256; WC 2 copies them by vec4 words); WC_TILE, 128 x 128 copying the weights, comes first unless
+INFR_MMA_WC=0.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class MmaTile:
     SGT: int = 2
     PAD: int = 8
     XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here
-    WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl)
+    WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl); 2: those
+    # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores
     KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
 
     @property
@@ -94,8 +96,9 @@ class MmaTile:
             and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
             and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
                                  == (self.BT // 16) * 2 * self.SUB))
-            and (not self.WC or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
-                                 == (self.BN // 16) * 2 * self.SUB and 128 % self.BN == 0))
+            and self.WC in (0, 1, 2) and (not self.WC or 128 % self.BN == 0)
+            and (self.WC != 1 or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
+                                  == (self.BN // 16) * 2 * self.SUB))
         )
 
     @classmethod
@@ -126,27 +129,32 @@ class MmaTile:
 # included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
 # qwen35-4b 5950.1 against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB
 # of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. Its check against the
-# reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) passed on an H100 (stop 34), and beside
-# llama-server, warmed, there the 8B's pp512 ran 4945 t/s against its 10433 (perf/h200/compare-8b-r4-2026-12-06-h100.json).
+# reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) passed on an H100 (stop 34). Its weight tile is
+# copied by vec4 words into registers a stage ahead and f16 stores (WC 2), not by matrix loads from the rows
+# and matrix stores (WC 1): on an H100 in one call 148.6 / 131.1 TOPS against 80.5 / 76.5, the products with
+# that copy alone 232 against 98 (perf/h200/mma-wvec-2026-12-06-h100.json, s35-2026-12-06-h100.txt); 8B pp512
+# 7812 t/s against 4869 (test_rows_copied_as_f16[...-words], the same bits as tiles converting their own
+# weights, and this tile within the bound, passed there).
+# Loading each subgroup's weight matrices straight from the rows (no weight tile) ran 60 / 59.
 TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
-WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 1)
+WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 2)
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
 # Q4_K shapes, perf/h200/mma-kp-T32-2026-12-06-h100.json) 32 x 32 with 4 groups ran q/o 17.2, down 18.5 TOPS
-# against the GEMV's 11.1 / 17.0 and 64 x 32's 9.1 / 9.0; the pair keeps 64 x 32 (30.1 against 18.4). With
-# INFR_MMA_PLAIN_TILES="64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4" INFR_MMA_PLAIN_MIN_T=32 the 8B decoded
-# 32 rows at 1566.8 t/s against 1436.2, 16 rows unchanged (perf/h200/batched-kp-2026-12-06-h100.txt). Three
-# other KP tiles passed their reference check on the H100 (test_mma.py::test_stages_split_among_subgroup_groups);
-# this one was added to it after the device time ran out, so it stays opt-in until that check has run.
+# against the GEMV's 11.1 / 17.0 and 64 x 32's 9.1 / 9.0; the pair keeps 64 x 32 (30.1 against 18.4). From
+# 32 rows (PLAIN_TILES, PLAIN_MIN_T) the 8B decoded 32 rows at 1553.9 t/s against 1423.9 with 64 x 32 and the
+# GEMV, 48 rows unchanged (perf/h200/s35-2026-12-06-h100.txt). Its reference check
+# (test_mma.py::test_stages_split_among_subgroup_groups) passed on an H100.
 PLAIN_KP_TILE = MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4)
+PLAIN_TILES = (TILES[0], TILES[1], PLAIN_KP_TILE)  # plain products and the q|k|v split
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
 # Below this many rows a plain product (not a gate||up pair) keeps the int8 GEMV where the tensor cores
 # are: on an H100 at T = 32 (perf/h200/batched-decode-tiles-2026-12-06-h100.txt, the 8B's Q4_K shapes)
 # the GEMV took 0.080 / 0.102 / 0.224 ms for q/o, qkv and down against the 64 x 32 tile's 0.112 / 0.114
-# / 0.389, while the tile won the gate||up pair, 0.244 against 0.371.
-PLAIN_MIN_T = 33
+# / 0.389, while the tile won the gate||up pair, 0.244 against 0.371; PLAIN_KP_TILE beats the GEMV there.
+PLAIN_MIN_T = 32
 # And below this many a gate||up pair does too: on an H100 (8B Q4_K_M, perf/batched_bench.py -npl 8,16,32,
 # perf/h200/gemv-ub-2026-12-06-h100.txt) 16 rows decoded at 1150 t/s with the GEMV's pair against 1038
 # with the tile, while 32 rows took the tile, 1435 against 1268. Rows in between are not measured.
@@ -158,8 +166,8 @@ class MmaTuning:
     on: bool = True
     tiles: tuple[MmaTile, ...] = TILES
     # plain products' (and the q|k|v split's) own tiles, where they differ from a gate||up pair's
-    # (INFR_MMA_PLAIN_TILES; None: `tiles`)
-    plain_tiles: tuple[MmaTile, ...] | None = None
+    # (INFR_MMA_PLAIN_TILES; None: `tiles`, as INFR_MMA_TILES alone sets it)
+    plain_tiles: tuple[MmaTile, ...] | None = PLAIN_TILES
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
     pair_min_t: int = PAIR_MIN_T
@@ -182,7 +190,7 @@ class MmaTuning:
         if env.get("INFR_MMA") == "0":
             t = replace(t, on=False)
         if env.get("INFR_MMA_TILES"):
-            t = replace(t, tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_TILES"].split()))
+            t = replace(t, tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_TILES"].split()), plain_tiles=None)
         if env.get("INFR_MMA_PLAIN_TILES"):
             t = replace(t, plain_tiles=tuple(MmaTile.parse(s) for s in env["INFR_MMA_PLAIN_TILES"].split()))
         if env.get("INFR_MMA_MIN_GROUPS"):
@@ -315,7 +323,7 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
     copies = []  # (matrix type, name, source, its offset fn, the tile, the tile's offset fn, column-major, how many)
     if tile.XC:
         copies.append((right, "xm", "x16", "x16_at(sg, {j}u, {st}, tok0)", "xh", "tile_at(sg, {j}u)", "true", tile.token_mats))
-    if tile.WC:
+    if tile.WC == 1:
         copies.append((left, "wm", "w16", "w16_at(sg, {j}u, {st}, first)", "wh", "tile_at(sg, {j}u)", "false",
                        tile.weight_mats))
     decl, store, load = [], [], []
@@ -356,7 +364,8 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC else "",
         "WCOPY": str(bool(tile.WC)).lower(), "WQN": 1 if tile.WC else 2 * tile.SUB * tile.BN,
         "WSN": 1 if tile.WC else tile.SUB * tile.BN,
-        "W16": "@group(0) @binding(13) var<storage, read> w16: array<f16>;" if tile.WC else "",
+        "W16": "@group(0) @binding(13) var<storage, read> w16: array<f16>;" if tile.WC == 1 else "",
+        "WVEC": str(tile.WC == 2).lower(), "WVEC_FNS": f"// #include mma_wvec_{'on' if tile.WC == 2 else 'off'}",
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)

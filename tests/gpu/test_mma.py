@@ -63,13 +63,15 @@ def test_type_matches_reference(mma, kernels, qtype):
 COPIED = (KMA.MmaTile(64, 128, 2, 2, 4), PAIR, KMA.MmaTile(64, 32, 2, 2, 2))
 
 
-@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1), (0, 128)], ids=["tokens", "weights", "both", "wc128"])
+@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1), (0, 128), (0, 2)],
+                         ids=["tokens", "weights", "both", "wc128", "words"])
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
 def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     """XC / WC tiles: q8_f16.wgsl writes the rounded rows as f16 once, mma_dequant.wgsl the weight rows
     (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
     Within the bound, and the same bits as the tiles that convert both themselves (the same f16
-    values, multiplied in the same order). wc128: WC_TILE (the default from 256 tokens), within the bound."""
+    values, multiplied in the same order). wc128: WC_TILE (the default from 256 tokens), within the bound.
+    words (WC 2, WC_TILE's): the weight rows copied by vec4 loads and f16 stores, the same bits again."""
     if wc == 128:
         assert KMA.WC_TILE.fits(mma, KMQ.READERS[qtype], pair=True)
         _three_products(mma, kernels, qtype, (KMA.WC_TILE,) * 3)
@@ -120,7 +122,7 @@ def _three_products(gpu, kernels, qtype, tiles):
     yp = _nan(gpu, Tp, Np)
     pre, xfp = _rows(kernels, xp, Kp, Tp)
     pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xfp, yp, "gelu", Tp, tile=pair_tile)
-    assert pair is not None and len(pair) == 1 + pair_tile.XC + pair_tile.WC
+    assert pair is not None and len(pair) == 1 + bool(pair_tile.XC) + bool(pair_tile.WC)
     ds += pre + pair
     sizes, Ks = (40, 24, 24), 256  # the q|k|v split with its bias
     ts = [make_weight(qtype, n, Ks, rng) for n in sizes]
@@ -235,18 +237,24 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert big.shared_bytes() > 49152 and not big.fits(Dev())
     odd = KMA.MmaTile(32, 64, 2, 2, 2)  # one row matrix per subgroup: no gate / up halves
     assert odd.fits(Dev()) and not odd.fits(Dev(), pair=True)
-    tiles = KMA.MmaTuning(tiles=(big, KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2)), min_groups=256, wc=False)
+    tiles = KMA.MmaTuning(tiles=(big, KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2)), min_groups=256,
+                          wc=False, plain_tiles=None)
     assert tiles.tile_for(Dev(), 4096, 512).spec == "64,128,2,2,4,8"  # 256 workgroups
     assert tiles.tile_for(Dev(), 2048, 512).spec == "64,64,2,2,2,8"  # 64 x 128 gives 128 only
     assert tiles.tile_for(Dev(), 2048, 128) is None  # none fills the device: mmq's smaller tiles
     # a batched decode step's few rows take the tile padding them least, the first on a tie
     small = KMA.MmaTuning(tiles=(KMA.MmaTile(64, 128, 2, 2, 4), KMA.MmaTile(64, 64, 2, 2, 2), KMA.MmaTile(64, 32, 2, 2, 2)),
-                          wc=False)
+                          wc=False, plain_tiles=None)
     assert [small.tile_for(Dev(), 4096, T).BT for T in (512, 100, 64, 33, 32, 16)] == [128, 128, 64, 64, 32, 32]
     assert all(t.fits(Dev()) and t.fits(Dev(), pair=True) for t in KMA.TILES)
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
     xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
     assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
+    # WC 2 (WC_TILE's): the weight rows copied by vec4 words, no per-subgroup matrix count to divide
+    assert KMA.WC_TILE.WC == 2 and KMA.MmaTile.parse(KMA.WC_TILE.spec) == KMA.WC_TILE and KMA.WC_TILE.fits(Dev())
+    assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=3).fits(Dev())
+    tall = replace(KMA.WC_TILE, BN=256, BT=32, SGR=4, SGT=1)
+    assert tall.shared_bytes() <= 49152 and not tall.fits(Dev())  # past the f16 rows' padding to 128
     on, off = KMA.MmaTuning(), KMA.MmaTuning.from_env({"INFR_MMA_WC": "0"})
     assert on.wc and not off.wc and on.tile_for(Dev(), 4096, 512) == KMA.WC_TILE
     assert off.tile_for(Dev(), 4096, 512) == KMA.TILES[0]
@@ -258,7 +266,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert wc.tile_for(Dev(), 4096, 512, w16_bytes=200 << 20).WC and not wc.tile_for(Dev(), 4096, 512, w16_bytes=300 << 20).WC
     # plain products (and the q|k|v split) may take tiles of their own: here KP groups at 32 rows
     own = KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_TILES": "64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4"})
-    assert own.plain_tiles[2] == KMA.PLAIN_KP_TILE and KMA.MmaTuning().plain_tiles is None  # opt-in
+    assert own.plain_tiles == KMA.PLAIN_TILES == KMA.MmaTuning().plain_tiles and own.plain_tiles[2] == KMA.PLAIN_KP_TILE
+    assert KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,32,2,2,2"}).plain_tiles is None  # the given tiles for all
     kp = own.tile_for(Dev(), 4096, 32)
     assert kp.spec == "32,32,4,1,2,8,0,0,4" and kp.KP == 4 and kp.invocations == 256 and kp.fits(Dev())
     assert own.tile_for(Dev(), 4096, 32, pair=True) == KMA.TILES[2] and own.tile_for(Dev(), 4096, 64).BT == 64

@@ -194,6 +194,7 @@ def test_mmq_kernels_pass_tint(gpu, tint):  # noqa: F811
 XC_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 1), KMA.MmaTile(128, 128, 2, 2, 2, 0, 1), KMA.MmaTile(64, 32, 2, 2, 2, 8, 1),
             KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 1), KMA.MmaTile(128, 128, 2, 2, 2, 8, 1, 1), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 1))
 KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2), KMA.MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4), KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8))
+WV_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 0, 2), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 2))  # WC 2 (and WC_TILE below)
 
 
 def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
@@ -213,7 +214,7 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMA.pipeline(rec, KM.wgsl_name(q), tile, expert=True)
             KMA.pipeline(rec, KM.wgsl_name(q), tile, pair_act="silu", expert=True)
     assert len(asked) == len(KMQ.READERS) * (4 * len(KMA.TILES) + 2 * len(KMA.without_copies(KMA.TILES)))
-    for tile in XC_TILES + (KMA.WC_TILE,):  # tiles copied from f16 rows (q8_f16.wgsl, mma_dequant.wgsl), plain, pair and q|k|v
+    for tile in XC_TILES + WV_TILES + (KMA.WC_TILE,):  # tiles copied from f16 rows (q8_f16.wgsl, mma_dequant.wgsl), plain, pair and q|k|v
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
