@@ -147,6 +147,7 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 2)
 # (test_mma.py::test_stages_split_among_subgroup_groups) passed on an H100.
 PLAIN_KP_TILE = MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4)
 PLAIN_TILES = (TILES[0], TILES[1], PLAIN_KP_TILE)  # plain products and the q|k|v split
+KP_MAX_T = 64  # KP tiles take no more rows than this (timed at 32; past it they would be taken for padding alone)
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
@@ -155,6 +156,7 @@ PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times o
 # the GEMV took 0.080 / 0.102 / 0.224 ms for q/o, qkv and down against the 64 x 32 tile's 0.112 / 0.114
 # / 0.389, while the tile won the gate||up pair, 0.244 against 0.371; PLAIN_KP_TILE beats the GEMV there.
 PLAIN_MIN_T = 32
+GEMV_MIN_T = 33  # where no KP tile takes the product (keeps_gemv): the GEMV up to 32 rows, as measured above
 # And below this many a gate||up pair does too: on an H100 (8B Q4_K_M, perf/batched_bench.py -npl 8,16,32,
 # perf/h200/gemv-ub-2026-12-06-h100.txt) 16 rows decoded at 1150 t/s with the GEMV's pair against 1038
 # with the tile, while 32 rows took the tile, 1435 against 1268. Rows in between are not measured.
@@ -212,19 +214,24 @@ class MmaTuning:
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
                  w16_bytes: int = 0, K: int = 0) -> MmaTile | None:
         """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
-        least (the products of padding tokens are work too), the first on a tie; else None. WC tiles
-        only from wc_min_t tokens, and where their f16 weight rows (w16_bytes) fit one binding; with
-        K (rows of K values), only tiles whose stages divide it."""
+        least (the products of padding tokens are work too), the first on a tie; else None. A WC
+        tile is taken wherever it may run, however it pads (WC_TILE runs at twice the others' rate:
+        T = 480 on 64 x 32 would pad nothing and run at a quarter of it): from wc_min_t tokens, and
+        where its f16 weight rows (w16_bytes) fit one binding. KP tiles (decode steps' few rows) only
+        up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
         for tile in ((WC_TILE,) if self.wc else ()) + tiles:
-            if (tile.WC and (T < self.wc_min_t or w16_bytes > binding)) or (K and K % (32 * tile.SUB)):
+            if ((tile.WC and (T < self.wc_min_t or w16_bytes > binding)) or (K and K % (32 * tile.SUB))
+                    or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
             if tile.fits(dev, extra, pair) and groups >= self.min_groups and (best_pad is None or pad < best_pad):
+                if tile.WC:
+                    return tile
                 best, best_pad = tile, pad
         return best
 
@@ -248,11 +255,18 @@ def available(dev) -> bool:
     )
 
 
-def keeps_gemv(dev, T: int, pair: bool = False) -> bool:
-    """Whether a plain product (a gate||up `pair`) of T rows stays on the int8 GEMV because the device
-    has these tensor cores (MmaTuning.plain_min_t, pair_min_t)."""
+def keeps_gemv(dev, T: int, pair: bool = False, K: int = 0) -> bool:
+    """Whether a plain product (a gate||up `pair`) of T rows of K values stays on the int8 GEMV because
+    the device has these tensor cores (MmaTuning.plain_min_t, pair_min_t). A plain product whose K no
+    KP tile's stages divide (SmolLM2's 576) keeps it below GEMV_MIN_T too: the tile it would take
+    instead pads those rows to 64."""
     t = TU.current().mma
-    return t.on and T < (t.pair_min_t if pair else t.plain_min_t) and available(dev)
+    if not t.on or not available(dev):
+        return False
+    if pair:
+        return T < t.pair_min_t
+    kp = any(x.KP > 1 and not (K and K % (32 * x.SUB)) for x in (t.plain_tiles or t.tiles))
+    return T < (t.plain_min_t if kp else max(t.plain_min_t, GEMV_MIN_T))
 
 
 # The grouped expert products (MUL_MAT_ID) on these tiles are checked against the reference on an

@@ -278,7 +278,7 @@ def use_mmq(T: int, dev=None, tensor=None, q8: bool | None = None, pair: bool = 
     tensor cores from fewer rows than plain products do (kernels_mma.keeps_gemv)."""
     if tensor is not None and not (applies(tensor) and (takes_q8(tensor.qtype) if q8 is None else q8)):
         return False
-    if tensor is not None and KMA.keeps_gemv(dev, T, pair):  # batched decode's products
+    if tensor is not None and KMA.keeps_gemv(dev, T, pair, int(tensor.shape[-1])):  # batched decode's products
         return False
     return T >= min_tokens(dev)
 

@@ -265,12 +265,17 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     Dev.limits["max-storage-buffer-binding-size"] = 1 << 31  # f16 weight rows past wc_max_bytes: no WC
     assert wc.tile_for(Dev(), 4096, 512, w16_bytes=200 << 20).WC and not wc.tile_for(Dev(), 4096, 512, w16_bytes=300 << 20).WC
     # plain products (and the q|k|v split) may take tiles of their own: here KP groups at 32 rows
-    own = KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_TILES": "64,128,2,2,4 64,64,2,2,2 32,32,4,1,2,8,0,0,4"})
-    assert own.plain_tiles == KMA.PLAIN_TILES == KMA.MmaTuning().plain_tiles and own.plain_tiles[2] == KMA.PLAIN_KP_TILE
+    own = KMA.MmaTuning.from_env({"INFR_MMA_PLAIN_TILES": "64,64,2,2,2 32,32,4,1,2,8,0,0,4"})
+    assert own.plain_tiles == (KMA.TILES[1], KMA.PLAIN_KP_TILE) and KMA.MmaTuning().plain_tiles == KMA.PLAIN_TILES
     assert KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,32,2,2,2"}).plain_tiles is None  # the given tiles for all
     kp = own.tile_for(Dev(), 4096, 32)
     assert kp.spec == "32,32,4,1,2,8,0,0,4" and kp.KP == 4 and kp.invocations == 256 and kp.fits(Dev())
     assert own.tile_for(Dev(), 4096, 32, pair=True) == KMA.TILES[2] and own.tile_for(Dev(), 4096, 64).BT == 64
+    # KP tiles only for a decode step's few rows (KP_MAX_T), not wherever they would pad least
+    assert [KMA.MmaTuning().tile_for(Dev(), 4096, T).KP for T in (32, 64, 96, 160)] == [4, 1, 1, 1]
+    # WC_TILE wherever it may run, though 64 x 32 would pad 480 tokens less
+    picks = [KMA.MmaTuning().tile_for(Dev(), 4096, T, pair=p) for T in (480, 288) for p in (False, True)]
+    assert picks == [KMA.WC_TILE] * 4
     assert KMA.MmaTile.parse(kp.spec) == kp and not replace(kp, XC=1).fits(Dev()) and not replace(kp, KP=3).fits(Dev())
     # rows whose K its 128-value stages do not divide (SmolLM2's 576) take a tile of 64-value stages
     assert own.tile_for(Dev(), 4096, 32, K=576).spec == "64,64,2,2,2,8" and own.tile_for(Dev(), 4096, 32, K=640) == kp
@@ -300,6 +305,10 @@ def test_batched_decode_keeps_the_gemv_for_plain_products():
     lo, hi = KMQ.MMQ_MIN_T, KMA.PLAIN_MIN_T
     use = lambda dev, T, pair=False: KMQ.use_mmq(T, dev, w, True, pair=pair)  # noqa: E731
     assert [use(mma_dev, T) for T in (lo - 1, lo, hi - 1, hi)] == [False, False, False, True]
+    # rows whose K no KP tile's stages divide (SmolLM2's 576) keep the GEMV up to GEMV_MIN_T
+    narrow = SimpleNamespace(qtype=Q.Q4_K, shape=(4096, 576))
+    assert hi < KMA.GEMV_MIN_T and not KMQ.use_mmq(hi, mma_dev, narrow, True)
+    assert KMQ.use_mmq(KMA.GEMV_MIN_T, mma_dev, narrow, True)
     pair = KMA.PAIR_MIN_T
     assert lo < pair < hi
     assert [use(mma_dev, T, pair=True) for T in (lo, pair - 1, pair, hi - 1)] == [False, False, True, True]
