@@ -229,9 +229,11 @@ class MmaTuning:
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
-            if tile.fits(dev, extra, pair) and groups >= self.min_groups and (best_pad is None or pad < best_pad):
-                if tile.WC:
-                    return tile
+            if not (tile.fits(dev, extra, pair) and groups >= self.min_groups):
+                continue
+            if tile.WC:
+                return tile
+            if best_pad is None or pad < best_pad:
                 best, best_pad = tile, pad
         return best
 

@@ -276,6 +276,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # WC_TILE wherever it may run, though 64 x 32 would pad 480 tokens less
     picks = [KMA.MmaTuning().tile_for(Dev(), 4096, T, pair=p) for T in (480, 288) for p in (False, True)]
     assert picks == [KMA.WC_TILE] * 4
+    late = KMA.MmaTuning.from_env({"INFR_MMA_WC": "0", "INFR_MMA_TILES": "64,32,2,2,2 128,128,2,2,4,8,0,2"})
+    assert late.tile_for(Dev(), 4096, 480) == KMA.WC_TILE  # wherever it stands in the list
     assert KMA.MmaTile.parse(kp.spec) == kp and not replace(kp, XC=1).fits(Dev()) and not replace(kp, KP=3).fits(Dev())
     # rows whose K its 128-value stages do not divide (SmolLM2's 576) take a tile of 64-value stages
     assert own.tile_for(Dev(), 4096, 32, K=576).spec == "64,64,2,2,2,8" and own.tile_for(Dev(), 4096, 32, K=640) == kp
