@@ -31,7 +31,8 @@
 // workgroup of its column. WCOPY: the weight tile likewise, from mma_dequant.wgsl's f16 rows
 // (binding 13), converted once per product, not once per token tile; WVEC (WC 2) copies those rows by
 // vec4 words into registers a stage ahead and f16 stores in B, as the tokens: on an H100 that ran at 149
-// against 80 TOPS for the matrix loads and stores (perf/README.md, stop 35). EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
+// against 80 TOPS for the matrix loads and stores (perf/README.md, stop 35). XVEC (XC 2) copies the token
+// rows so too. EXPERT (mmq_expert_on.wgsl, as gemm_mmq.wgsl): the
 // token tiles are groups of (token, slot) pairs routed to one expert of a bank (kernels_moe). KP > 1
 // (batched decode steps: few tokens, few workgroups, long K): KP groups of SGR x SGT subgroups share
 // the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
@@ -60,6 +61,7 @@ const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
 const XCOPY: bool = {{XCOPY}};
 const WCOPY: bool = {{WCOPY}};
 const WVEC: bool = {{WVEC}};  // WCOPY by vec4 loads into registers and f16 stores, not matrix loads and stores
+const XVEC: bool = {{XVEC}};  // XCOPY so too
 {{X16}}
 {{W16}}
 const WG: u32 = KP * SGR * SGT * SG;
@@ -69,7 +71,10 @@ const XV: u32 = 2u * SUB;    // int8 vec4 per row (or token) per stage
 const OUT_ROWS: u32 = select(BN, BN / 2u, PAIR);
 const NU: u32 = (BN * UNITS + WG - 1u) / WG;  // weight units per invocation per stage
 const NX: u32 = (BT * XV + WG - 1u) / WG;     // token vec4 per invocation per stage
-const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted (WVEC: copied) per invocation
+const NW: u32 = (BN * KS / 8u + WG - 1u) / WG;  // 8-value weight groups converted per invocation
+const NWV: u32 = select(0u, BN * KS / 8u, WVEC);  // words (8 f16 values) of the weight tile copied a stage (WVEC)
+const NXV: u32 = select(0u, BT * KS / 8u, XVEC);  // of the token tile (XVEC)
+const NVA: u32 = max((NWV + NXV + WG - 1u) / WG, 1u);  // of both per invocation
 const WQN: u32 = {{WQN}}u;  // XV BN, or 1 (unused) with WCOPY
 const WSN: u32 = {{WSN}}u;  // SUB BN, or 1
 
@@ -86,7 +91,7 @@ struct Staged {
     u: array<Raw, NU>,
     x: array<vec4<u32>, {{NXA}}>,  // NX, or 1 (unused) with XCOPY
     d: array<vec4<u32>, {{NXA}}>,
-    w: array<vec4<u32>, NWA>,  // WVEC: NW groups of 8 f16 weight values (mma_wvec_on.wgsl), or 1 (unused)
+    v: array<vec4<u32>, NVA>,  // WVEC / XVEC: the invocation's words of both tiles (vec_fetch), or 1 (unused)
 }
 
 fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
@@ -95,8 +100,8 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
     if (!WCOPY) {
         g.u = fetch_units(k0, tid, first);
     }
-    if (WVEC) {
-        g.w = wvec_fetch(k0, tid, first);
+    if (WVEC || XVEC) {
+        g.v = vec_fetch(k0, tid, first, tok0);
     }
     for (var n = 0u; n < select(NX, 0u, XCOPY); n++) {
         let k = tid + n * WG;
@@ -116,7 +121,41 @@ fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
     }
 }
 
-{{WVEC_FNS}}
+{{VEC_FNS}}
+
+// WVEC / XVEC: the invocation's words of the stage at value k0, weights' first (mma_wvec_on.wgsl's w_word,
+// mma_xvec_on.wgsl's x_word), fetched into registers a stage ahead.
+fn vec_fetch(k0: u32, tid: u32, first: u32, tok0: u32) -> array<vec4<u32>, NVA> {
+    var w: array<vec4<u32>, NVA>;
+    for (var n = 0u; n < NVA; n++) {
+        let i = tid + n * WG;
+        if (i < NWV) {
+            w[n] = w_word(i, k0, first);
+        } else if (i < NWV + NXV) {
+            w[n] = x_word(i - NWV, k0, tok0);
+        }
+    }
+    return w;
+}
+
+// B, WVEC / XVEC: the fetched words as f16 values into wh / xh.
+fn vec_put(w: array<vec4<u32>, NVA>, tid: u32) {
+    for (var n = 0u; n < NVA; n++) {
+        let i = tid + n * WG;
+        let j = select(i - NWV, i, i < NWV);
+        let o = (j / (KS / 8u)) * LD + 8u * (j % (KS / 8u));
+        for (var c = 0u; c < 4u; c++) {
+            let h = bitcast<vec2<f16>>(w[n][c]);
+            if (i < NWV) {
+                wh[o + 2u * c] = h.x;
+                wh[o + 2u * c + 1u] = h.y;
+            } else if (i < NWV + NXV) {
+                xh[o + 2u * c] = h.x;
+                xh[o + 2u * c + 1u] = h.y;
+            }
+        }
+    }
+}
 
 // Stage-local vec4 v (quantize_q8's order) -> (sub-block, half): the inverse of qv.
 fn sub_half(v: u32) -> vec2<u32> {
@@ -125,8 +164,8 @@ fn sub_half(v: u32) -> vec2<u32> {
 
 // B: the staged weights and the fetched tokens as f16 tiles.
 fn convert(g: Staged, tid: u32) {
-    if (WVEC) {
-        wvec_put(g.w, tid);
+    if (WVEC || XVEC) {
+        vec_put(g.v, tid);
     }
     for (var n = 0u; n < select(NW, 0u, WCOPY); n++) {
         let i = tid + n * WG;

@@ -17,7 +17,7 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256; WC 2 copies them by vec4 words); WC_TILE, 128 x 128 copying the weights, comes first unless
+tokens, 256; XC / WC 2 copy them by vec4 words); WC_TILE, 128 x 128 copying the weights, comes first unless
 INFR_MMA_WC=0.
 """
 
@@ -47,7 +47,8 @@ class MmaTile:
     SGR: int = 4
     SGT: int = 2
     PAD: int = 8
-    XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here
+    XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here; 2: by
+    # vec4 loads into registers a stage ahead and f16 stores (as WC 2)
     WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl); 2: those
     # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores
     KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
@@ -94,8 +95,9 @@ class MmaTile:
             self.SUB in (2, 4, 8) and self.TM >= 1 and self.TN >= 1 and self.kp_ok
             and self.BN == self.TM * self.SGR * SHAPE[0] and self.BT == self.TN * self.SGT * SHAPE[1]
             and (not pair or self.TM % 2 == 0) and self.invocations <= inv and self.shared_bytes(extra) <= mem
-            and (not self.XC or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
-                                 == (self.BT // 16) * 2 * self.SUB))
+            and self.XC in (0, 1, 2)
+            and (self.XC != 1 or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
+                                  == (self.BT // 16) * 2 * self.SUB))
             and self.WC in (0, 1, 2) and (not self.WC or 128 % self.BN == 0)
             and (self.WC != 1 or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
                                   == (self.BN // 16) * 2 * self.SUB))
@@ -337,7 +339,7 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
     gen = {"ACC_DECL": decl, "PRODUCTS": "\n".join(body), "EPILOGUE": "\n".join(epi),
            "XM_DECL": "", "XM_STORE": "", "XM_LOAD": ""}
     copies = []  # (matrix type, name, source, its offset fn, the tile, the tile's offset fn, column-major, how many)
-    if tile.XC:
+    if tile.XC == 1:
         copies.append((right, "xm", "x16", "x16_at(sg, {j}u, {st}, tok0)", "xh", "tile_at(sg, {j}u)", "true", tile.token_mats))
     if tile.WC == 1:
         copies.append((left, "wm", "w16", "w16_at(sg, {j}u, {st}, first)", "wh", "tile_at(sg, {j}u)", "false",
@@ -377,11 +379,13 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         **KM.tile_reader_consts(pair, split),
         "CONVERT": str("convert" in phases).lower(), **gen,
         "XCOPY": str(bool(tile.XC)).lower(), "NXA": 1 if tile.XC else -(-tile.BT * 2 * tile.SUB // tile.invocations),
-        "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC else "",
+        "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC == 1 else "",
         "WCOPY": str(bool(tile.WC)).lower(), "WQN": 1 if tile.WC else 2 * tile.SUB * tile.BN,
         "WSN": 1 if tile.WC else tile.SUB * tile.BN,
         "W16": "@group(0) @binding(13) var<storage, read> w16: array<f16>;" if tile.WC == 1 else "",
-        "WVEC": str(tile.WC == 2).lower(), "WVEC_FNS": f"// #include mma_wvec_{'on' if tile.WC == 2 else 'off'}",
+        "WVEC": str(tile.WC == 2).lower(), "XVEC": str(tile.XC == 2).lower(),
+        "VEC_FNS": "\n".join(f"// #include mma_{c}vec_{'on' if on else 'off'}" for c, on in (("w", tile.WC == 2),
+                                                                                          ("x", tile.XC == 2))),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)

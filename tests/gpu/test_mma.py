@@ -63,15 +63,16 @@ def test_type_matches_reference(mma, kernels, qtype):
 COPIED = (KMA.MmaTile(64, 128, 2, 2, 4), PAIR, KMA.MmaTile(64, 32, 2, 2, 2))
 
 
-@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1), (0, 128), (0, 2)],
-                         ids=["tokens", "weights", "both", "wc128", "words"])
+@pytest.mark.parametrize("xc,wc", [(1, 0), (0, 1), (1, 1), (0, 128), (0, 2), (2, 0), (2, 2)],
+                         ids=["tokens", "weights", "both", "wc128", "words", "token-words", "both-words"])
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS], ids=lambda q: q.name.lower())
 def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     """XC / WC tiles: q8_f16.wgsl writes the rounded rows as f16 once, mma_dequant.wgsl the weight rows
     (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
     Within the bound, and the same bits as the tiles that convert both themselves (the same f16
     values, multiplied in the same order). wc128: WC_TILE (the default from 256 tokens), within the bound.
-    words (WC 2, WC_TILE's): the weight rows copied by vec4 loads and f16 stores, the same bits again."""
+    words (WC 2, WC_TILE's): the weight rows copied by vec4 loads and f16 stores, the same bits again;
+    token-words (XC 2) the token rows so, both-words both."""
     if wc == 128:
         assert KMA.WC_TILE.fits(mma, KMQ.READERS[qtype], pair=True)
         _three_products(mma, kernels, qtype, (KMA.WC_TILE,) * 3)
@@ -250,6 +251,10 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # XC (a seventh field): the token tile copied by matrices, whole ones per subgroup
     xc = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4,8,1"}).tiles[0]
     assert xc.XC == 1 and xc.spec == "64,128,2,2,4,8,1" and xc.token_mats == 4 and xc.fits(Dev())
+    # XC 2: the token rows copied by vec4 words, where no whole matrix per subgroup is left to copy too
+    thin = KMA.MmaTile.parse("128,16,2,8,1,8,2")
+    assert thin.XC == 2 and thin.fits(Dev()) and thin.token_mats == 0 and not replace(thin, XC=1).fits(Dev())
+    assert not replace(thin, XC=3).fits(Dev()) and KMA.MmaTile.parse(thin.spec) == thin
     # WC 2 (WC_TILE's): the weight rows copied by vec4 words, no per-subgroup matrix count to divide
     assert KMA.WC_TILE.WC == 2 and KMA.MmaTile.parse(KMA.WC_TILE.spec) == KMA.WC_TILE and KMA.WC_TILE.fits(Dev())
     assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=3).fits(Dev())

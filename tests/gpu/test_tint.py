@@ -195,7 +195,8 @@ XC_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 1), KMA.MmaTile(128, 128, 2, 2, 2, 
             KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 1), KMA.MmaTile(128, 128, 2, 2, 2, 8, 1, 1), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 1))
 KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2), KMA.MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4), KMA.MmaTile(64, 16, 4, 2, 1, 8, 0, 0, 8))
 WV_TILES = (KMA.MmaTile(64, 128, 2, 2, 4, 8, 0, 2), KMA.MmaTile(64, 64, 4, 2, 2, 0, 0, 2),  # WC 2 (and WC_TILE below)
-            KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 2))
+            KMA.MmaTile(64, 128, 2, 2, 4, 8, 1, 2), KMA.MmaTile(64, 128, 2, 2, 4, 8, 2),  # XC 2, alone and with WC 2
+            KMA.MmaTile(128, 128, 2, 2, 4, 8, 2, 2), KMA.MmaTile(64, 32, 4, 2, 2, 0, 2, 1))
 
 
 def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
