@@ -6,7 +6,9 @@ q and k, then the KV store of that k), "norm_rope_store" (a rope_store with the
 per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
 "residual" (a matmul or MoE and the add of its output into the stream), "norm_residual"
 (a post-norm and the add of its output into the stream, and a Mul of the stream after it:
-gemma's post-norms, gemma4's layer_output_scale) and "op" (one op alone). The groups are part of the plan,
+gemma's post-norms, gemma4's layer_output_scale), "norm_residual_norm" (a norm_residual and the
+whole-row RMSNorm of the new stream after it: gemma's pre-FFN norm, the next layer's input norm) and
+"op" (one op alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -22,7 +24,7 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 
 @dataclass(frozen=True)
 class Group:
-    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | norm_residual | op
+    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm | op
     ops: tuple[Op, ...]
 
 
@@ -46,7 +48,11 @@ def groups(ops) -> tuple[Group, ...]:
             g = Group("residual", tuple(ops[i : i + 2]))
         elif i + 1 < len(ops) and is_norm_residual(ops[i], ops[i + 1]):
             scaled = i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == ops[i + 1].dst
-            g = Group("norm_residual", tuple(ops[i : i + (3 if scaled else 2)]))
+            n = 3 if scaled else 2
+            if i + n < len(ops) and is_stream_norm(ops[i + n], ops[i + 1].dst):
+                g = Group("norm_residual_norm", tuple(ops[i : i + n + 1]))
+            else:
+                g = Group("norm_residual", tuple(ops[i : i + n]))
         else:
             g = Group("op", (ops[i],))
         out.append(g)
@@ -142,3 +148,8 @@ def is_norm_residual(norm, add) -> bool:
         isinstance(norm, RMSNorm) and isinstance(add, Add) and norm.group is None
         and {add.a, add.b} == {add.dst, norm.dst} and add.dst != norm.dst and norm.src != add.dst
     )
+
+
+def is_stream_norm(op, stream: str) -> bool:
+    """RMSNorm of whole rows of the stream into another buffer (a norm_residual's next norm)."""
+    return isinstance(op, RMSNorm) and op.src == stream and op.group is None and op.dst != stream

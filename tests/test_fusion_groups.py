@@ -15,9 +15,18 @@ from infr.ops import MatMul
 from infr.plan import build_plan
 
 LLAMA_LAYER = ["op:RMSNorm", "qkv", "rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
-GEMMA3_LAYER = ["op:RMSNorm", "qkv", "norm_rope_store", "op:Attention", "op:MatMul", "norm_residual",
-                "op:RMSNorm", "gate_up", "op:MatMul", "norm_residual"]
+# Gemma-3's post-norms take the norm of the new stream after them too: the pre-FFN norm, and the next
+# layer's input norm (so the first layer's input norm stands alone and the last layer's post-norm ends
+# the body without one).
+GEMMA3_LAYER = ["qkv", "norm_rope_store", "op:Attention", "op:MatMul", "norm_residual_norm",
+                "gate_up", "op:MatMul", "norm_residual_norm"]
 LAYERS = {"smollm2_path": LLAMA_LAYER, "qwen_coder_path": LLAMA_LAYER, "gemma3_path": GEMMA3_LAYER}
+
+
+def _expected(fixture: str, n_layers: int) -> list[str]:
+    if fixture != "gemma3_path":
+        return ["op:Embed"] + LLAMA_LAYER * n_layers
+    return ["op:Embed", "op:RMSNorm"] + (GEMMA3_LAYER * n_layers)[:-1] + ["norm_residual"]
 
 
 def _kind(g: fusion.Group) -> str:
@@ -30,8 +39,7 @@ def test_groups_cover_the_body_in_order(request, fixture):
     groups = plan.groups
     assert [op for g in groups for op in g.ops] == list(plan.embed + plan.layers)
     kinds = [_kind(g) for g in groups]
-    per_layer = LAYERS[fixture]
-    assert kinds == ["op:Embed"] + per_layer * len(plan.spec.layers)
+    assert kinds == _expected(fixture, len(plan.spec.layers))
     for g in groups:
         if g.kind == "qkv":  # every product reads the norm's output; the stack ends at v
             assert len({m.src for m in g.ops}) == 1 and [m.dst for m in g.ops] == ["q", "k", "v"]

@@ -115,8 +115,9 @@ class Graphs:
                 body += lower.rope_store(*g.ops)
             elif g.kind == "residual":  # x = x + W·h in one dispatch (a MoE's in its combine)
                 body += lower.residual(*g.ops)
-            elif g.kind == "norm_residual":  # x = (x + norm(o)) (* scale) in one dispatch
-                body += lower.norm_residual(*g.ops)
+            elif g.kind in ("norm_residual", "norm_residual_norm"):  # x = (x + norm(o)) (* scale) in one dispatch,
+                lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)  # with its rounding (or the next
+                body += lower.norm_residual(*g.ops)  # norm's) for the GEMV that reads it
             else:  # one op, or a group no kernel fuses here: its ops one by one
                 for j, op in enumerate(g.ops):
                     lower.ahead, lower.ahead2 = _next_two(ops, i + j)

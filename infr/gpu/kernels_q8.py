@@ -69,3 +69,23 @@ def rmsnorm_q8_dispatch(kernels: Kernels, x, g, y, width: int, eps: float, T: in
     p = KS._params(kernels, KS._pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps),
                                        ("T", "u32", T), ("q_stride", "u32", words(width))]), None, "rmsnorm_q8")
     return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y, xq]), (-(-width // 1024), T, 1), "rmsnorm_q8"), xq
+
+
+def rmsnorm_add_q8_dispatch(kernels: Kernels, x, g, resid, y, width: int, eps: float, T: int, w=None,
+                            w_width: int = 1, scale: float = 1.0, norm2=None) -> tuple[Dispatch, object]:
+    """rmsnorm_add_dispatch's y (y = resid + rmsnorm(x) * g, then with w (y * scale) * w[i % w_width]),
+    and rounded for the int8 GEMV after it (wgsl/rmsnorm_add_q8.wgsl): y itself, or with norm2 = (g2, z,
+    eps2) the next norm's z = rmsnorm(y) * g2, written too. width % 256 == 0."""
+    if width % 256:
+        raise ValueError(f"rmsnorm_add_q8 needs width % 256 == 0, got {width}")
+    xq = _buffer(kernels, "q8", 4 * T * words(width))
+    g2, z, eps2 = norm2 if norm2 is not None else (g, y, 0.0)  # unread without NORM2 (z: a writable binding)
+    pipe = kernels.pipeline("rmsnorm_add_q8", "main", SCALE="true" if w is not None else "false",
+                            NORM2="true" if norm2 is not None else "false")
+    p = KS._params(kernels, KS._pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps),
+                                       ("T", "u32", T), ("scale", "f32", scale), ("w_width", "u32", w_width),
+                                       ("eps2", "f32", eps2), ("q_stride", "u32", words(width))]), None,
+                   "rmsnorm_add_q8")
+    res = [p, x, g, y, resid, w if w is not None else KS._dummy(kernels), g2, z, xq]
+    label = "rmsnorm_add_rmsnorm_q8" if norm2 is not None else "rmsnorm_add_q8"
+    return Dispatch(pipe, kernels.bind(pipe, res), (-(-width // 1024), T, 1), label), xq

@@ -111,17 +111,32 @@ class Lowering:
             return self.op(op) + self.op(add)
         return KMoE.moe_dispatches(self, op, add)
 
-    def norm_residual(self, norm: RMSNorm, add: Add, mul: Mul | None = None) -> list[Dispatch]:
-        """x = x + rmsnorm(o) (then * the Mul's scale and weight) in one rmsnorm_add dispatch."""
+    def norm_residual(self, norm: RMSNorm, add: Add, *rest: Mul | RMSNorm) -> list[Dispatch]:
+        """x = x + rmsnorm(o) (then * the Mul's scale and weight) in one rmsnorm_add dispatch; a
+        norm_residual_norm group's next norm of x (rest[-1]) apart. Where the int8 GEMV reads that norm's
+        output (or x itself) next, one rmsnorm_add_q8 dispatch writes it rounded too, the norm included."""
         be, w = self.be, self.be.widths
+        mul = next((op for op in rest if isinstance(op, Mul)), None)
+        norm2 = rest[-1] if rest and isinstance(rest[-1], RMSNorm) else None
+        width = w[norm.src]
         o, resid = self.current(norm.src), self.current(add.dst)
         y = self.target(add.dst, add.dst)
-        g = be.weights[norm.weight][0] if norm.weight else _ones(be, w[norm.src])
+        g = be.weights[norm.weight][0] if norm.weight else _ones(be, width)
         extra = {}
         if mul is not None:
             extra = dict(w=be.weights[mul.weight][0], w_width=math.prod(be.gf.tensor(mul.weight).shape),
                          scale=mul.scale)
-        return [KS.rmsnorm_add_dispatch(self.k, o, g, resid, y, w[norm.src], norm.eps, self.rows, **extra)]
+        rounds = self._feeds_gemv_q8(norm2.dst if norm2 else add.dst, width)
+        if not rounds:
+            ds = [KS.rmsnorm_add_dispatch(self.k, o, g, resid, y, width, norm.eps, self.rows, **extra)]
+            return ds + (self.op(norm2) if norm2 else [])
+        if norm2:
+            g2 = be.weights[norm2.weight][0] if norm2.weight else _ones(be, width)
+            z = self.target(norm2.dst, norm2.src)
+            extra["norm2"] = (g2, z, norm2.eps)
+        d, xq = KQ.rmsnorm_add_q8_dispatch(self.k, o, g, resid, y, width, norm.eps, self.rows, **extra)
+        self.q8 = (z if norm2 else y, width, xq)
+        return [d]
 
     def matmul_residual(self, mm: MatMul, add: Add) -> list[Dispatch]:
         be = self.be

@@ -209,3 +209,41 @@ def test_rmsnorm_add_equals_the_unfused_ops(gpu, kernels, width, w_width):
     want, got = read(gpu, added, np.uint32, T * width), read(gpu, fused, np.uint32, T * width)
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(got, x.view(np.uint32).reshape(-1))  # it did add something
+
+
+@pytest.mark.parametrize("width,w_width,norm2", [(1536, 0, True), (1536, 1, False), (1024, 1024, True), (2816, 0, False)])
+def test_rmsnorm_add_q8_equals_the_unfused_kernels(gpu, kernels, width, w_width, norm2):
+    """rmsnorm_add_q8 (a norm_residual, or norm_residual_norm, whose output the int8 GEMV reads) gives
+    word for word what rmsnorm_add and then rmsnorm_q8 (the next norm, rounded) or quantize_q8 (the
+    stream rounded) give: the stream, the norm's output and the rounded rows; over one workgroup a row
+    and several (1536: the second half idle), with and without gemma4's scale."""
+    from infr.gpu import kernels_misc as KS
+    from infr.gpu import kernels_q8 as KQ
+
+    rng = np.random.default_rng(width + w_width + norm2)
+    T, eps, eps2, scale = 3, 1e-6, 1e-5, 0.75
+    o = (rng.standard_normal((T, width)) * 3).astype(np.float32)
+    x = rng.standard_normal((T, width)).astype(np.float32)
+    g, g2 = (rng.uniform(0.5, 1.5, width).astype(np.float32) for _ in range(2))
+    w = rng.uniform(0.2, 1.2, max(w_width, 1)).astype(np.float32)
+    ob, xb, gb, g2b, wb = (storage(gpu, a) for a in (o, x, g, g2, w))
+    extra = dict(w=wb, w_width=w_width, scale=scale) if w_width else {}
+    nq = KQ.words(width) * T
+    added, normed = storage(gpu, x.nbytes), storage(gpu, x.nbytes)
+    ds = [KS.rmsnorm_add_dispatch(kernels, ob, gb, xb, added, width, eps, T, **extra)]
+    d, xq = (KQ.rmsnorm_q8_dispatch(kernels, added, g2b, normed, width, eps2, T) if norm2
+             else KQ.quantize_dispatch(kernels, added, width, T))
+    run(gpu, ds + [d])
+    want = [read(gpu, added, np.uint32, T * width), read(gpu, xq, np.uint32, nq)]
+    if norm2:
+        want.append(read(gpu, normed, np.uint32, T * width))
+    y, z = storage(gpu, x.nbytes), storage(gpu, x.nbytes)
+    d, xq = KQ.rmsnorm_add_q8_dispatch(kernels, ob, gb, xb, y, width, eps, T, norm2=(g2b, z, eps2) if norm2 else None,
+                                       **extra)
+    run(gpu, [d])
+    got = [read(gpu, y, np.uint32, T * width), read(gpu, xq, np.uint32, nq)]
+    if norm2:
+        got.append(read(gpu, z, np.uint32, T * width))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert np.any(want[1])  # rounded rows were written

@@ -1,0 +1,99 @@
+// rmsnorm_add.wgsl's post-norm residual add whose new stream row also goes out rounded for the int8
+// GEMV that reads it next (q8_common.wgsl): with NORM2, the next RMSNorm of that row (rmsnorm_q8.wgsl's:
+// gemma's pre-FFN norm after its post-attention norm, the next layer's input norm after the post-FFN
+// or per-layer-input one) written to z and rounded; without, the stream row itself rounded (gemma4's
+// per-layer input gate reads it). One dispatch where decode ran two (a dispatch costs about as much as
+// these norms' work). Workgroup j of a row writes values [1024 j, 1024 j + 1024) as rmsnorm_q8's do,
+// each computing the row's first norm and (NORM2) the new row's squares itself, in rmsnorm_add's and
+// rmsnorm_q8's orders: the same floats as those kernels one after another. y never aliases resid
+// (the lowering's buffer pair). width % 256 == 0. Dispatch (ceil(width / 1024), T, 1).
+
+struct Params {
+    width: u32,
+    group: u32,  // = width (a whole-row norm); rms_common's name
+    eps: f32,
+    T: u32,
+    scale: f32,
+    w_width: u32,
+    eps2: f32,     // NORM2's
+    q_stride: u32,  // xq words between tokens
+}
+
+const WG: u32 = 256u;
+const SCALE: bool = {{SCALE}};
+const NORM2: bool = {{NORM2}};
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> g: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> resid: array<f32>;
+@group(0) @binding(5) var<storage, read> w: array<f32>;  // SCALE's weights (a dummy without)
+@group(0) @binding(6) var<storage, read> g2: array<f32>;  // NORM2's weights (a dummy without)
+@group(0) @binding(7) var<storage, read_write> z: array<f32>;  // NORM2's output (a dummy without)
+@group(0) @binding(8) var<storage, read_write> xq: array<u32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+// #include rms_common
+// #include q8_common
+
+// Value k of the row's new stream, as rmsnorm_add.wgsl writes it.
+fn stream(base: u32, k: u32, inv: f32) -> f32 {
+    var v = resid[base + k] + x[base + k] * inv * g[k];
+    if (SCALE) {
+        v = (v * params.scale) * w[k % params.w_width];
+    }
+    return v;
+}
+
+fn stream4(base: u32, k: u32, inv: f32) -> vec4<f32> {
+    return vec4<f32>(stream(base, k, inv), stream(base, k + 1u, inv), stream(base, k + 2u, inv), stream(base, k + 3u, inv));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    if (wid.y >= params.T) {
+        return;
+    }
+    let base = wid.y * params.width;
+    let inv = row_inv(base, tid);
+    var inv2 = 0.0;
+    if (NORM2) {
+        // rmsnorm_q8's sum: invocation tid owns words tid, tid + 256, ... of 4 values.
+        var s4 = vec4<f32>(0.0);
+        for (var k = tid; 4u * k < params.width; k += WG) {
+            let v = stream4(base, 4u * k, inv);
+            s4 += v * v;
+        }
+        workgroupBarrier();  // every invocation has read row_inv's partial[0]
+        partial[tid] = (s4.x + s4.y) + (s4.z + s4.w);
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (tid < stride) {
+                partial[tid] += partial[tid + stride];
+            }
+            workgroupBarrier();
+        }
+        inv2 = 1.0 / sqrt(partial[0] / f32(params.width) + params.eps2);
+    }
+    let i = 4u * (wid.x * WG + tid);  // this invocation's 4 values
+    let live = i < params.width;
+    var o = vec4<f32>(0.0);
+    if (live) {
+        let v = stream4(base, i, inv);
+        y[base + i] = v.x;
+        y[base + i + 1u] = v.y;
+        y[base + i + 2u] = v.z;
+        y[base + i + 3u] = v.w;
+        o = v;
+        if (NORM2) {
+            o = v * inv2 * vec4<f32>(g2[i], g2[i + 1u], g2[i + 2u], g2[i + 3u]);
+            z[base + i] = o.x;
+            z[base + i + 1u] = o.y;
+            z[base + i + 2u] = o.z;
+            z[base + i + 3u] = o.w;
+        }
+    }
+    q8_store(o, i, tid, live, wid.y * params.q_stride, params.width);
+}
