@@ -138,8 +138,12 @@ class MmaTile:
 # 7812 t/s against 4869 (test_rows_copied_as_f16[...-words], the same bits as tiles converting their own
 # weights, and this tile within the bound, passed there).
 # Loading each subgroup's weight matrices straight from the rows (no weight tile) ran 60 / 59.
+# Its token tile is copied so too (XC 2: q8_f16.wgsl's f16 rows by vec4 words, not q8 lanes converted in every
+# workgroup of a column): on an H100 (stop 36, .../s36-2026-12-06-h100.txt) 8B pp512 8357.2 / 8262.4 / 8395.9 t/s
+# against 8167.3 (and noisy first samples) with WC 2 alone, qwen35-4b 8767.0 / 8727.0 against 8671.5 / 8673.3;
+# the same bits as the converting tiles (test_rows_copied_as_f16[...-both-words] passed there).
 TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
-WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 0, 2)
+WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
 # Q4_K shapes, perf/h200/mma-kp-T32-2026-12-06-h100.json) 32 x 32 with 4 groups ran q/o 17.2, down 18.5 TOPS

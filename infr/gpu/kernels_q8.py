@@ -79,7 +79,8 @@ def rmsnorm_add_q8_dispatch(kernels: Kernels, x, g, resid, y, width: int, eps: f
     if width % 256:
         raise ValueError(f"rmsnorm_add_q8 needs width % 256 == 0, got {width}")
     xq = _buffer(kernels, "q8", 4 * T * words(width))
-    g2, z, eps2 = norm2 if norm2 is not None else (g, y, 0.0)  # unread without NORM2 (z: a writable binding)
+    # unread without NORM2; z a writable binding of its own (Dawn refuses two writable bindings of one range)
+    g2, z, eps2 = norm2 if norm2 is not None else (g, _buffer(kernels, "unused_z", 16), 0.0)
     pipe = kernels.pipeline("rmsnorm_add_q8", "main", SCALE="true" if w is not None else "false",
                             NORM2="true" if norm2 is not None else "false")
     p = KS._params(kernels, KS._pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps),

@@ -71,8 +71,8 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     (the pair's gate and up, each padded), and the kernel copies its tiles from them by matrix loads.
     Within the bound, and the same bits as the tiles that convert both themselves (the same f16
     values, multiplied in the same order). wc128: WC_TILE (the default from 256 tokens), within the bound.
-    words (WC 2, WC_TILE's): the weight rows copied by vec4 loads and f16 stores, the same bits again;
-    token-words (XC 2) the token rows so, both-words both."""
+    words (WC 2): the weight rows copied by vec4 loads and f16 stores, the same bits again; token-words
+    (XC 2) the token rows so, both-words both (WC_TILE's)."""
     if wc == 128:
         assert KMA.WC_TILE.fits(mma, KMQ.READERS[qtype], pair=True)
         _three_products(mma, kernels, qtype, (KMA.WC_TILE,) * 3)
@@ -257,6 +257,7 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert not replace(thin, XC=3).fits(Dev()) and KMA.MmaTile.parse(thin.spec) == thin
     # WC 2 (WC_TILE's): the weight rows copied by vec4 words, no per-subgroup matrix count to divide
     assert KMA.WC_TILE.WC == 2 and KMA.MmaTile.parse(KMA.WC_TILE.spec) == KMA.WC_TILE and KMA.WC_TILE.fits(Dev())
+    assert KMA.WC_TILE.XC == 2 and replace(KMA.WC_TILE, XC=1).fits(Dev())  # its tokens by vec4 words too
     assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=3).fits(Dev())
     tall = replace(KMA.WC_TILE, BN=256, BT=32, SGR=4, SGT=1)
     assert tall.shared_bytes() <= 49152 and not tall.fits(Dev())  # past the f16 rows' padding to 128
@@ -281,7 +282,7 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # WC_TILE wherever it may run, though 64 x 32 would pad 480 tokens less
     picks = [KMA.MmaTuning().tile_for(Dev(), 4096, T, pair=p) for T in (480, 288) for p in (False, True)]
     assert picks == [KMA.WC_TILE] * 4
-    late = KMA.MmaTuning.from_env({"INFR_MMA_WC": "0", "INFR_MMA_TILES": "64,32,2,2,2 128,128,2,2,4,8,0,2"})
+    late = KMA.MmaTuning.from_env({"INFR_MMA_WC": "0", "INFR_MMA_TILES": f"64,32,2,2,2 {KMA.WC_TILE.spec}"})
     assert late.tile_for(Dev(), 4096, 480) == KMA.WC_TILE  # wherever it stands in the list
     assert KMA.MmaTile.parse(kp.spec) == kp and not replace(kp, XC=1).fits(Dev()) and not replace(kp, KP=3).fits(Dev())
     # rows whose K its 128-value stages do not divide (SmolLM2's 576) take a tile of 64-value stages
