@@ -49,7 +49,7 @@ def groups(ops) -> tuple[Group, ...]:
         elif i + 1 < len(ops) and is_norm_residual(ops[i], ops[i + 1]):
             scaled = i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == ops[i + 1].dst
             n = 3 if scaled else 2
-            if i + n < len(ops) and is_stream_norm(ops[i + n], ops[i + 1].dst):
+            if i + n < len(ops) and is_stream_norm(ops[i + n], ops[i + 1].dst) and ops[i + n].dst != ops[i].src:
                 g = Group("norm_residual_norm", tuple(ops[i : i + n + 1]))
             else:
                 g = Group("norm_residual", tuple(ops[i : i + n]))

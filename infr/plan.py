@@ -136,7 +136,7 @@ class Plan:
 
     @cached_property
     def groups(self) -> tuple[fusion.Group, ...]:
-        """embed + layers as fusion groups (qkv, gate_up, rope_store, residual, op)."""
+        """embed + layers as fusion groups (infr/fusion.py's kinds)."""
         return fusion.groups(self.embed + self.layers)
 
     @cached_property

@@ -1,6 +1,6 @@
 // The rounded rows (quantize_q8.wgsl's layout) as f16 values d q in natural order, [token][K]: the
-// token tile gemm_mma.wgsl copies with subgroup matrix loads and stores (XCOPY) instead of turning
-// q8 lanes into f16 in every workgroup of a column. The same product d * f32(q) rounded to f16 as
+// token tile gemm_mma.wgsl copies (XCOPY: by subgroup matrix loads and stores, or with XVEC by vec4
+// words) instead of turning q8 lanes into f16 in every workgroup of a column. The same product d * f32(q) rounded to f16 as
 // gemm_mma's own conversion, so either way gives the same bits.
 //
 // Vec4 j of a row's q bytes holds values 64 (j / 4) + 32 (j % 2) + 16 ((j % 4) / 2) .. +16 (the

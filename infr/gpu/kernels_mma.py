@@ -17,8 +17,8 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256; XC / WC 2 copy them by vec4 words); WC_TILE, 128 x 128 copying the weights, comes first unless
-INFR_MMA_WC=0.
+tokens, 256; XC / WC 2 copy them by vec4 words); WC_TILE, 128 x 128 copying both by vec4 words, comes first
+unless INFR_MMA_WC=0.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class MmaTile:
 # once per product. On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass
 # included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
 # qwen35-4b 5950.1 against 5867.2 (perf/README.md, stop 33). The same tile without the copy needs 55 KB
-# of workgroup memory; copying the token tile too (XC) was slower: 68.5 / 63.3. Its check against the
+# of workgroup memory; copying the token tile too by matrix loads (XC 1) was slower: 68.5 / 63.3. Its check against the
 # reference (test_mma.py::test_rows_copied_as_f16[...-wc128]) passed on an H100 (stop 34). Its weight tile is
 # copied by vec4 words into registers a stage ahead and f16 stores (WC 2), not by matrix loads from the rows
 # and matrix stores (WC 1): on an H100 in one call 148.6 / 131.1 TOPS against 80.5 / 76.5, the products with
@@ -154,6 +154,10 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 PLAIN_KP_TILE = MmaTile(32, 32, 4, 1, 2, 8, 0, 0, 4)
 PLAIN_TILES = (TILES[0], TILES[1], PLAIN_KP_TILE)  # plain products and the q|k|v split
 KP_MAX_T = 64  # KP tiles take no more rows than this (timed at 32; past it they would be taken for padding alone)
+# Storage buffers a stage of the kernel with both f16 row copies may bind (the q|k|v split's three outputs,
+# or a pair's two weights and the table GELU, beside bindings 12 and 13): a device allowing fewer (WebGPU's
+# default is 8) takes the tiles that convert their own rows.
+COPY_BUFFERS = 10
 PHASES = ("convert", "products")  # both; perf/mmq_bench.py --mma-phases times one alone
 
 
@@ -223,14 +227,17 @@ class MmaTuning:
         least (the products of padding tokens are work too), the first on a tie; else None. A WC
         tile is taken wherever it may run, however it pads (WC_TILE runs at twice the others' rate:
         T = 480 on 64 x 32 would pad nothing and run at a quarter of it): from wc_min_t tokens, and
-        where its f16 weight rows (w16_bytes) fit one binding. KP tiles (decode steps' few rows) only
+        where its f16 weight rows (w16_bytes) fit one binding. Tiles copying f16 rows only where the device
+        allows COPY_BUFFERS storage buffers a stage. KP tiles (decode steps' few rows) only
         up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
+        copies_fit = int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= COPY_BUFFERS
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
         for tile in ((WC_TILE,) if self.wc else ()) + tiles:
             if ((tile.WC and (T < self.wc_min_t or w16_bytes > binding)) or (K and K % (32 * tile.SUB))
+                    or ((tile.XC or tile.WC) and not copies_fit)
                     or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)

@@ -5,7 +5,8 @@ by dot4I8Packed (see wgsl/gemv.wgsl for why); the reference rounds the same way
 (infr.numerics.quantize_q8). The rounded rows go through one scratch buffer
 per device: each quantization is followed by the GEMVs that read it, in the
 same ordered pass. `rmsnorm_q8` writes a norm's output both as floats and
-rounded, so the GEMV after a norm needs no quantize dispatch of its own.
+rounded, so the GEMV after a norm needs no quantize dispatch of its own;
+`rmsnorm_add_q8` so a post-norm's residual add (and the next norm after it).
 """
 
 from __future__ import annotations

@@ -251,3 +251,34 @@ def test_rmsnorm_add_q8_equals_the_unfused_kernels(gpu, kernels, width, w_width,
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
     assert np.any(want[1])  # rounded rows were written
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma4-e2b"])
+def test_fused_post_norms_follow_the_cpu(gpu, tmp_path, preset):
+    """A gemma whose rows are 256 wide (the tiny presets' 64 take the unfused kernels): its post-norms and
+    the norms after them run as rmsnorm_add_q8 (NORM2: the pre-FFN and next-layer norms; without: e2b's
+    per-layer gate input) in the prompt and decode graphs, and the GPU follows the CPU reference: the
+    prompt's logits, and greedy decode."""
+    from dataclasses import replace
+
+    from closeness import assert_follows_greedy
+
+    from infr import synth
+    from infr.cpu.backend import CPUBackend
+    from infr.gguf_file import open_gguf
+    from infr.gpu.backend import GPUBackend
+    from infr.models import build_spec
+    from infr.plan import build_plan
+
+    spec = replace(synth.PRESETS[preset], n_embd=256, weight_type="Q8_0")
+    gf = open_gguf(synth.write_gguf(spec, tmp_path / f"{preset}-256.gguf"))
+    plan = build_plan(build_spec(gf))
+    g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
+    for T in (1, 40):
+        labels = {d.label.split()[0] for d in g._graph(T, 1)[0].dispatches}
+        assert "rmsnorm_add_rmsnorm_q8" in labels, sorted(labels)
+        assert ("rmsnorm_add_q8" in labels) == (preset == "tiny-gemma4-e2b"), sorted(labels)
+    prompt = np.random.default_rng(22).integers(0, plan.spec.n_vocab, 40).tolist()
+    assert_logits_close(g.forward(prompt, 0, n_logits=40), c.forward(prompt, 0, n_logits=40), True)
+    first = int(np.argmax(g.forward(prompt[:6], 0)[-1]))
+    assert_follows_greedy(c, prompt[:6], [first] + g.decode_greedy(first, 6, 16))

@@ -231,8 +231,15 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     t = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4 32,32,2,1,1,0"})
     assert [x.spec for x in t.tiles] == ["64,128,2,2,4,8", "32,32,2,1,1,0"]
 
-    class Dev:
-        limits = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024}
+    class Dev:  # the limits Dawn gives an H100
+        limits = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024,
+                  "max-storage-buffers-per-shader-stage": 16}
+
+    class Few(Dev):  # WebGPU's default storage buffers a stage: no room for the f16 row copies' bindings
+        limits = {**Dev.limits, "max-storage-buffers-per-shader-stage": 8}
+
+    assert KMA.MmaTuning().tile_for(Dev(), 4096, 512) == KMA.WC_TILE
+    assert not (t := KMA.MmaTuning().tile_for(Few(), 4096, 512)).XC and not t.WC
 
     big = KMA.MmaTile(128, 128, 2, 2, 4)  # 55 KiB of workgroup memory
     assert big.shared_bytes() > 49152 and not big.fits(Dev())

@@ -173,6 +173,9 @@ def test_gemma4_kernels_pass_tint(gpu, tint, monkeypatch, tmp_path):  # noqa: F8
     # models' experts are too narrow for the int8 expert GEMV) over expert banks
     assert any(k[0] == "gemv" and ("PAIR_ACT", "gelu_f16") in k[2] for k in asked)
     KM.gemv_pipeline(_Recorder(gpu, asked), ("q8_0", "q4_k"), pair_act="gelu_f16", expert=True)
+    for scale in ("true", "false"):  # the fused post-norms (the tiny models' 64-wide rows take rmsnorm_add)
+        for norm2 in ("true", "false"):
+            _Recorder(gpu, asked).pipeline("rmsnorm_add_q8", SCALE=scale, NORM2=norm2)
     assert {k[0] for k in asked} >= {"moe_combine", "rmsnorm_add", "rope_kv"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
