@@ -8,44 +8,16 @@
 // rmsnorm_q8's orders: the same floats as those kernels one after another. y never aliases resid
 // (the lowering's buffer pair). width % 256 == 0. Dispatch (ceil(width / 1024), T, 1).
 
-struct Params {
-    width: u32,
-    group: u32,  // = width (a whole-row norm); rms_common's name
-    eps: f32,
-    T: u32,
-    scale: f32,
-    w_width: u32,
-    eps2: f32,     // NORM2's
-    q_stride: u32,  // xq words between tokens
-}
-
-const WG: u32 = 256u;
 const SCALE: bool = {{SCALE}};
 const NORM2: bool = {{NORM2}};
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> g: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> resid: array<f32>;
-@group(0) @binding(5) var<storage, read> w: array<f32>;  // SCALE's weights (a dummy without)
+// #include rmsnorm_add_common
+
 @group(0) @binding(6) var<storage, read> g2: array<f32>;  // NORM2's weights (a dummy without)
-@group(0) @binding(7) var<storage, read_write> z: array<f32>;  // NORM2's output (a dummy without)
+@group(0) @binding(7) var<storage, read_write> z: array<f32>;  // NORM2's output (a scratch of its own without)
 @group(0) @binding(8) var<storage, read_write> xq: array<u32>;
 
-var<workgroup> partial: array<f32, WG>;
-
-// #include rms_common
 // #include q8_common
-
-// Value k of the row's new stream, as rmsnorm_add.wgsl writes it.
-fn stream(base: u32, k: u32, inv: f32) -> f32 {
-    var v = resid[base + k] + x[base + k] * inv * g[k];
-    if (SCALE) {
-        v = (v * params.scale) * w[k % params.w_width];
-    }
-    return v;
-}
 
 fn stream4(base: u32, k: u32, inv: f32) -> vec4<f32> {
     return vec4<f32>(stream(base, k, inv), stream(base, k + 1u, inv), stream(base, k + 2u, inv), stream(base, k + 3u, inv));

@@ -179,7 +179,8 @@ def rmsnorm_add_dispatch(kernels: Kernels, x, g, resid, y, width: int, eps: floa
     """y = resid + rmsnorm(x) * g (a post-norm residual add), then with w: y = (y * scale) * w[i % w_width]."""
     pipe = kernels.pipeline("rmsnorm_add", "main", SCALE="true" if w is not None else "false")
     p = _params(kernels, _pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps), ("T", "u32", T),
-                                ("scale", "f32", scale), ("w_width", "u32", w_width)]), None, "rmsnorm_add")
+                                ("scale", "f32", scale), ("w_width", "u32", w_width), ("eps2", "f32", 0.0),
+                                ("q_stride", "u32", 0)]), None, "rmsnorm_add")  # rmsnorm_add_common's Params
     return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y, resid, w if w is not None else _dummy(kernels)]),
                     (1, T, 1), "rmsnorm_add")
 
