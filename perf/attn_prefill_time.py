@@ -7,6 +7,8 @@ sequence from position 0, on whatever adapter is present.
     python3 perf/attn_prefill_time.py --flavor dawn # through Dawn (wgpudawn) instead of wgpu-native
     python3 perf/attn_prefill_time.py --wide        # head dim 512 (Gemma 4's full layers): attn_tiled and
                                                     # attn_tiled2 (where it fits) against the one-pass kernel
+    python3 perf/attn_prefill_time.py --mma --flavor dawn  # attn_mma (the tensor cores) against attn_tiled2,
+                                                    # at its tilings (M, BK), the 1B's 64-dim heads too
 
 H100 80GB, 2026-12-05 (old / new µs): through Dawn 347 / 224 (8B), 345 / 223 (Qwen3-30B-A3B),
 398 / 245 (16/8 x 256); through wgpu-native 1047 / 2458 (8B), hence attn_tiled2 is the default on Dawn only.
@@ -67,9 +69,12 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time attn_tiled2's other tilings that fit")
     ap.add_argument("--flavor", default="wgpu", help="wgpu (wgpu-native, naga) or dawn (wgpudawn, Tint)")
     ap.add_argument("--wide", action="store_true", help="head dim 512: attn_tiled against the one-pass kernel")
+    ap.add_argument("--mma", action="store_true", help="attn_mma at its tilings against attn_tiled2")
     a = ap.parse_args()
     if a.wide:
         return wide(a)
+    if a.mma:
+        return mma(a)
     dev, kern, rng = _start(a, f"{'old µs':>9} {'new µs':>9} {'old/new':>8} {'new TFLOP/s':>12} {'max |diff|':>11}")
     T = a.T
     for n_heads, kv_heads, hd in SHAPES:
@@ -101,6 +106,35 @@ def main() -> None:
                 print(f"{'  tiling M,QPI,KPI':<20} {'':>9} {u:>9.1f} {us[0] / u:>7.2f}x {flops / u / 1e6:>12.2f} "
                       f"{diff:>11.3g}   (M={t.M} HG={t.HG} QPI={t.QPI} KPI={t.KPI}, WG {t.WG}, "
                       f"{t.workgroup_bytes(hd, hd)} B)")
+
+
+MMA_TILINGS = [(64, 32), (32, 32), (128, 32), (64, 64), (32, 64), (16, 32)]  # attn_mma's (M slots, BK keys)
+
+
+def mma(a) -> None:
+    """attn_mma (kernels_attn_mma) at each tiling that fits against attn_tiled2's default, µs a layer, and
+    max |diff| against attn_tiled2's output."""
+    from infr.gpu import kernels_attn_mma as KAM
+
+    dev, kern, rng = _start(a, f"{'tiled2 µs':>10} {'M,BK':>8} {'mma µs':>9} {'tiled2/mma':>11} {'max |diff|':>11}")
+    T = a.T
+    for n_heads, kv_heads, hd in [(32, 8, 64)] + SHAPES:
+        kc, vc, q, outs, pg = _inputs(dev, rng, T, n_heads, kv_heads, hd)
+        args = (n_heads, kv_heads, hd, hd, 1.0 / np.sqrt(hd), None, None, T)
+        d = KA.tiled_dispatch(kern, q, kc, vc, outs[0], pg, *args, kernel=2,
+                              tiling=KA.default_tiling(kern, hd, hd))
+        run(dev, [d])
+        ref = read(dev, outs[0], count=T * n_heads * hd)
+        base = seconds_per_rep(dev, [[d]], a.reps, outs[0]) * 1e6
+        for tiling in MMA_TILINGS:
+            if not KAM.takes(dev, hd, hd, KAM.shape(n_heads, kv_heads, tiling)):
+                continue
+            d = KA.tiled_dispatch(kern, q, kc, vc, outs[1], pg, *args, kernel=3, tiling=tiling)
+            run(dev, [d])
+            diff = float(np.abs(ref - read(dev, outs[1], count=T * n_heads * hd)).max())
+            u = seconds_per_rep(dev, [[d]], a.reps, outs[1]) * 1e6
+            print(f"{f'{n_heads}/{kv_heads} x {hd}':<20} {base:>10.1f} {'%d,%d' % tiling:>8} {u:>9.1f} "
+                  f"{base / u:>10.2f}x {diff:>11.3g}", flush=True)
 
 
 WIDE = [(8, 1, 512), (16, 2, 512)]  # Gemma 4 E2B's and 26B-A4B's full-attention layers

@@ -1,5 +1,5 @@
 // Shared by the split-K decode kernels (attn_scores, attn_values, attn_combine)
-// and the tiled prefill kernel (attn_tiled). One Params struct for all of them
+// and the tiled prefill kernels (attn_tiled, attn_tiled2, attn_mma). One Params struct for all of them
 // (infr/gpu/kernels_misc.py pack_attention). Row t of the batch is live when
 // t < state[1]; it sits at position rows[2t] of sequence slot rows[2t + 1] and
 // sees that sequence's keys [key_lo(pos), pos] (the reference masks
@@ -119,4 +119,21 @@ fn seq_key_union(t0: u32, r: u32, nq: u32) -> vec2<u32> {
         }
     }
     return u;
+}
+
+// One walk of a tiled prefill kernel: the sequence slot of the block's row r (its first there), the union
+// [lo, hi) of that sequence's rows' key ranges (seq_key_union), the first tile's key (a multiple of bk
+// at or below lo), and where the slot's block table starts.
+struct SeqWalk {
+    slot: u32,
+    lo: u32,
+    hi: u32,
+    first: u32,
+    tb: u32,
+}
+
+fn seq_walk(t0: u32, r: u32, nq: u32, bk: u32) -> SeqWalk {
+    let slot = rows[2u * (t0 + r) + 1u];
+    let u = seq_key_union(t0, r, nq);
+    return SeqWalk(slot, u.x, u.y, u.x / bk * bk, slot * params.blocks_per_seq);
 }

@@ -169,13 +169,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (!first_of_seq(t0, r)) {
             continue;
         }
-        let slot = rows[2u * (t0 + r) + 1u];
-        // The union of this sequence's rows' key ranges; tiles from a multiple of BK.
-        let u = seq_key_union(t0, r, nq);
-        let u_lo = u.x;
-        let u_hi = u.y;
-        let blk_lo = u_lo / BK * BK;
-        let tb = slot * params.blocks_per_seq;
+        let w = seq_walk(t0, r, nq, BK);  // tiles from a multiple of BK over the sequence's union of key ranges
+        let slot = w.slot;
+        let u_lo = w.lo;
+        let u_hi = w.hi;
+        let blk_lo = w.first;
+        let tb = w.tb;
         var mine: array<bool, QPI>;
         for (var i = 0u; i < QPI; i++) {
             mine[i] = slot_of[i] == slot;

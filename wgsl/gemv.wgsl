@@ -34,6 +34,9 @@
 // reads of a block for the next token come from the cache.
 // EXPERT (expert_on.wgsl): the rows are an expert bank's, each token index a (token, slot)
 // pair routed to its own expert (kernels_moe; NT = 1).
+// Q8_OUT (gemv_q8_on.wgsl; PAIR only, dense or EXPERT): the pair's output also rounded to 8 bits
+// for the down projection's GEMV, its quantize dispatch fused; the workgroup is then 32 teams
+// (WG 1024), so its 32 rows are one whole 32-value block of the rounded layout.
 // dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1), numbered by grid_cell (matmul_common).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -46,6 +49,7 @@
 {{SPLIT_DECL}}
 {{ACT_TABLE}}
 {{EXPERT}}
+{{Q8_OUT}}
 
 const R: u32 = {{R}}u;        // weight rows per team
 const U: u32 = {{U}}u;        // block steps unrolled
@@ -57,13 +61,13 @@ const SPLIT: bool = {{SPLIT}};
 const SAME_X: bool = {{SAME_X}};  // every reader of this kernel takes one x family
 const ONE_TYPE: bool = {{ONE_TYPE}};  // and is one reader (DOT0 = DOT1 = DOT2)
 const TEAM: u32 = 32u;
-const WG: u32 = 256u;
+const WG: u32 = {{WG}}u;  // 256; 1024 with Q8_OUT
 const TEAMS: u32 = WG / TEAM;
 const OUT: u32 = select(R, 1u, PAIR);  // output rows per team
 const LO: u32 = 0x0F0F0F0Fu;
 
 const RN: u32 = R * NT;       // sums per lane: row i of token j at j * R + i
-var<workgroup> partial: array<f32, WG * RN>;
+var<workgroup> partial: array<f32, {{PARTIAL}}>;  // the reduction's: WG * RN, (WG / SG) * RN with subgroups
 
 // Stands in for subgroupAdd where the adapter has no subgroups (that branch never runs).
 fn no_subgroups(v: f32) -> f32 {
@@ -338,7 +342,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if (PAIR) {
                 if (first < params.N) {
                     let g = tot[j * R];
-                    {{STORE}}(first, t, pair_act(g) * tot[j * R + R - 1u]);
+                    let v = pair_act(g) * tot[j * R + R - 1u];
+                    {{STORE}}(first, t, v);
+                    q8_keep(j, team, v);
                 }
             } else {
                 for (var i = 0u; i < R; i++) {
@@ -349,4 +355,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
+    q8_rows(tid, cell.x, t0);
 }

@@ -3,6 +3,7 @@
 // including kernel declares `xq: array<u32>` (read_write) and runs 256
 // invocations; each owns 4 consecutive values, 8 invocations one block.
 // #include q8_head_{{Q8_ROUND}}
+// #include q8_layout
 var<workgroup> q8_amax: array<f32, 256>;
 var<workgroup> q8_isum: array<i32, 256>;
 
@@ -21,21 +22,13 @@ fn q8_store(vals: vec4<f32>, v: u32, tid: u32, live: bool, row: u32, K: u32) {
     q8_isum[tid] = q.x + q.y + q.z + q.w;
     workgroupBarrier();
     if (live) {
-        let word = (u32(q.x) & 0xFFu) | ((u32(q.y) & 0xFFu) << 8u) | ((u32(q.z) & 0xFFu) << 16u) | ((u32(q.w) & 0xFFu) << 24u);
-        let blk = v / 256u;
-        let r = v % 256u;
-        let c = r / 64u;
-        let hi = (r % 64u) / 32u;
-        let i = r % 32u;
-        let p = 2u * c + i / 16u;
-        xq[row + blk * 64u + (p * 32u + hi * 16u + i % 16u) / 4u] = word;
+        xq[q8_word_at(row, v)] = q8_word(q);
         if (tid % 8u == 0u) {
             var s = 0;
             for (var k = 0u; k < 8u; k++) {
                 s += q8_isum[tid + k];
             }
-            // block b, pair c, sub-block `hi` of the pair: (d, d * sum q)
-            let so = row + K / 4u + (blk * 4u + c) * 4u + 2u * hi;
+            let so = q8_scale_at(row, K, v);
             xq[so] = bitcast<u32>(d);
             xq[so + 1u] = bitcast<u32>(d * f32(s));
         }

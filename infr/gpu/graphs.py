@@ -104,7 +104,10 @@ class Graphs:
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
             lower.ahead, lower.ahead2 = _next_two(ops, i)
             stack = tuple(m.weight for m in g.ops) if g.kind == "qkv" else None
-            fused = lower.gate_up(*g.ops) if g.kind == "gate_up" else None
+            fused = None
+            if g.kind == "gate_up":  # ahead: what reads the pair's output (down's GEMV: the pair rounds it too)
+                lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)
+                fused = lower.gate_up(*g.ops)
             if g.kind == "norm_rope_store":  # QK-norms, rope(q), rope(k), kv store in one dispatch
                 fused = lower.norm_rope_store(g.ops)
             if stack in self.stacks:  # q, k, v from one GEMV over stacked rows

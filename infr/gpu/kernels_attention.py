@@ -21,7 +21,9 @@ through the block table (kernels_misc.Paging, docs/gpu_kernels.md):
   `attn_tiled` (16 queries of one head per workgroup, 8 past head dim 256, one
   score per invocation) on wgpu-native, where attn_tiled2 is slower (tiled_kernel),
   where attn_tiled2's workgroup memory does not fit, and for head dims 264-512
-  with INFR_ATTN_WIDE=1 (attn_tiled2 takes <= 256); INFR_ATTN_TILED=1|2;
+  with INFR_ATTN_WIDE=1 (attn_tiled2 takes <= 256); INFR_ATTN_TILED=1|2; with
+  INFR_ATTN_TILED=3 `attn_mma` (kernels_attn_mma: the same walk on the tensor
+  cores, Dawn's subgroup matrices; not yet the default: it has not run on a GPU);
 - the original one-workgroup-per-(head, token) kernel (kernels_misc) for
   decode in short contexts and for shapes the two above do not take (head
   dims not multiples of 8, over 512, or over 256 without INFR_ATTN_WIDE=1;
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from infr.gpu import tuning as TU
+from infr.gpu import kernels_attn_mma as KAM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import Dispatch, Kernels, storage
@@ -276,7 +279,15 @@ def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v
     fits). Measured on an H100 at T = 512 (perf/attn_prefill_time.py,
     8B shape): through Dawn attn_tiled2 223 µs against attn_tiled's 346; through wgpu-native
     (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
-    there (its register arrays indexed in loops are the suspect)."""
+    there (its register arrays indexed in loops are the suspect). 3 (attn_mma, the tensor cores) only with
+    INFR_ATTN_TILED=3, where the device has the subgroup matrices and the head dims suit them
+    (kernels_attn_mma.takes), elsewhere the device's choice: it has not yet run on a GPU. `tiling`:
+    attn_tiled2's (M, QPI, KPI), or attn_mma's (M, BK) with INFR_ATTN_TILED=3."""
+    if TU.current().attention.tiled == 3:
+        if (tiling is None or len(tiling) == 2) and KAM.takes_shape(kernels.dev, n_heads, kv_heads, head_dim,
+                                                                    v_head_dim, tiling):
+            return 3
+        tiling = None  # not attn_mma's: the device's choice below
     if _tiled2_takes(kernels, n_heads, kv_heads, head_dim, v_head_dim, tiling, T):
         return 2
     return 1 if tiled_bytes(head_dim, v_head_dim) <= _workgroup_mem(kernels) else 0
@@ -289,6 +300,8 @@ def _tiled2_takes(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, 
         return False
     if force != 2 and not kernels.dev.dawn:
         return False
+    if tiling is not None and len(tiling) != 3:
+        tiling = None
     t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling or default_tiling(kernels, head_dim, v_head_dim), T)
     inv = int(kernels.dev.limits.get("max-compute-invocations-per-workgroup", 256))
     return t.workgroup_bytes(head_dim, v_head_dim) <= _workgroup_mem(kernels) and t.WG <= inv
@@ -315,10 +328,11 @@ def tiled_dispatch(
 ) -> Dispatch:
     """Prefill attention for T rows (any rows; a block of rows of one sequence walks its keys
     once). `kernel` 2: attn_tiled2, the query heads of a kv head and a block of rows per
-    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup (8 past head dim 256); None:
-    tiled_kernel's choice. `tiling`: attn_tiled2's (M, QPI, KPI) (tiled2_shape)."""
+    workgroup, register-blocked; 1: attn_tiled, 16 queries of one head per workgroup (8 past head dim 256);
+    3: attn_mma, attn_tiled2's walk on the tensor cores; None: tiled_kernel's choice. `tiling`: attn_tiled2's
+    (M, QPI, KPI) (tiled2_shape), attn_mma's (M, BK) (kernels_attn_mma.shape)."""
     _check(n_heads, kv_heads, head_dim, v_head_dim)
-    widest = TILED2_MAX_DIM if kernel == 2 else TILED_MAX_DIM
+    widest = {2: TILED2_MAX_DIM, 3: KAM.MAX_DIM}.get(kernel, TILED_MAX_DIM)
     if max(head_dim, v_head_dim) > widest:
         raise ValueError(f"tiled attention needs head dims <= {widest}")
     data = KS.pack_attention(n_heads, kv_heads, head_dim, v_head_dim, scale, window, softcap,
@@ -335,6 +349,9 @@ def tiled_dispatch(
     if kernel == 2:
         t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_tiled2 {n_heads}/{kv_heads}x{head_dim}")
+    if kernel == 3:
+        t = KAM.shape(n_heads, kv_heads, tiling)
+        return Dispatch(pipe, binds, (n_heads // t.HG, -(-T // t.R), 1), f"attn_mma {n_heads}/{kv_heads}x{head_dim}")
     bq = tiled_rows(head_dim, v_head_dim)
     return Dispatch(pipe, binds, (n_heads, -(-T // bq), 1), f"attn_tiled {n_heads}/{kv_heads}x{head_dim}")
 
@@ -353,11 +370,13 @@ def tiled_bytes(head_dim: int, v_head_dim: int) -> int:
 
 def tiled_pipeline(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
                    kernel: int, tiling: tuple[int, int, int] | None = None, T: int | None = None):
-    """The pipeline of tiled prefill kernel `kernel` (2: attn_tiled2, 1: attn_tiled) for a shape
+    """The pipeline of tiled prefill kernel `kernel` (3: attn_mma, 2: attn_tiled2, 1: attn_tiled) for a shape
     (and attn_tiled2's tiling for T rows: tiled2_shape)."""
     if kernel == 2:
         t = tiled2_shape(n_heads, kv_heads, head_dim, v_head_dim, tiling, T)
         return kernels.pipeline("attn_tiled2", "main", BS=block_size, **t.consts(head_dim, v_head_dim))
+    if kernel == 3:
+        return KAM.pipeline(kernels, n_heads, kv_heads, head_dim, v_head_dim, block_size, tiling)
     return kernels.pipeline("attn_tiled", "main", HD=head_dim, VD=v_head_dim, BQ=tiled_rows(head_dim, v_head_dim),
                             KVW=max(head_dim, v_head_dim) // 2 + 1, BS=block_size)
 

@@ -120,13 +120,18 @@ class GemvTuning:
     # index is in range by construction (rows and sub-blocks clamped; weight buffers carry a
     # WEIGHT_TAIL). H200, 8B Q4_K_M tg128: 263.5 -> 300.6 t/s; Q4_K gate+up 1988 -> 2544 GB/s.
     UNCHECKED: int = 1
+    # 1: the gate||up pair whose output the down projection's int8 GEMV reads next writes it rounded
+    # too (gemv_q8_on.wgsl, workgroups of 32 teams: one q8 block of rows each), one quantize_q8
+    # dispatch fewer a layer (INFR_GEMV_Q8=1); 0: the quantize dispatch, the default until its 1024-invocation
+    # workgroups are timed on a GPU (perf/gate_up_q8_bench.py).
+    Q8: int = 0
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":
-        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED")
+        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED", "Q8")
         t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in keys if env.get(f"INFR_GEMV_{k}")})
         if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or t.UB not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
-                or t.UNCHECKED not in (0, 1)):
+                or t.UNCHECKED not in (0, 1) or t.Q8 not in (0, 1)):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
 
@@ -190,24 +195,36 @@ def pair_resources(kernels: Kernels, res: list, pair_act) -> list:
     return list(res) + [None] * (PAIR_TABLE_BINDING - len(res)) + [gelu_table(kernels)]
 
 
+def _gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, int, int]:
+    """(invocations, rows per team, floats of the `partial` reduction array) of a GEMV workgroup:
+    8 teams of 32 lanes, or 32 teams where the pair writes whole q8 blocks (q8_out)."""
+    R = 2 if pair else t.R  # a pair's two rows are its gate and up
+    wg = 32 * (32 if q8_out else GEMV_TEAMS)
+    return wg, R, (wg // t.SG if t.SG else wg) * R * nt
+
+
 def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
-                  expert: bool = False):
+                  expert: bool = False, q8_out: bool = False):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
     split's segment types) for a plain product, the fused gate||up with
     activation `pair_act`, or the stacked q|k|v with `split`, for batches of
     T tokens; its output rows per workgroup and its tokens per workgroup.
-    `expert`: rows of an expert bank picked per token by the router (kernels_moe; one token a workgroup)."""
+    `expert`: rows of an expert bank picked per token by the router (kernels_moe; one token a workgroup).
+    `q8_out` (a pair, dense or over expert banks; pair_rounds): the output also rounded, into binding 7."""
     t = GemvTuning.for_device(kernels.dev)
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
+    if q8_out and not pair:
+        raise ValueError("only the gate||up pair writes its output rounded")
     nt = 1 if expert else t.tokens(T)
     U = t.U if nt == 1 else t.UB
-    R = 2 if pair else t.R  # a pair's two rows are its gate and up
+    wg, R, partial = _gemv_shape(t, pair, nt, q8_out)
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
-        R=R, U=U, SG=t.SG, NT=nt, PAIR=str(pair).lower(), **pair_act_consts(pair_act), SPLIT=str(split).lower(),
+        R=R, U=U, SG=t.SG, NT=nt, WG=wg, PARTIAL=partial, Q8_OUT=f"// #include gemv_q8_{'on' if q8_out else 'off'}",
+        PAIR=str(pair).lower(), **pair_act_consts(pair_act), SPLIT=str(split).lower(),
         SUBGROUP_ADD="subgroupAdd" if t.SG else "no_subgroups",
         W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
@@ -220,58 +237,25 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         **{f"DOT{i}": f"w_{n}" for i, n in enumerate(names)}, **{f"X{i}": f"x_{f}" for i, f in enumerate(fams)},
     )
     pipe = kernels.pipeline("gemv", "main", unchecked=bool(t.UNCHECKED), **consts)
-    return pipe, GEMV_TEAMS * (1 if pair else R), nt
+    return pipe, wg // 32 * (1 if pair else R), nt
 
 
-# Float types the float GEMV (wgsl/gemv_float.wgsl) runs: its dot of one 16-byte load, and the
-# vec4 of activations that load meets.
-FLOAT_GEMV = {Q.F32: ("wdot_f32", 1), Q.F16: ("wdot_f16", 2), Q.BF16: ("wdot_bf16", 2)}
-FLOAT_GEMV_WG = 256  # gemv_float.wgsl's workgroup
-FLOAT_GEMV_U = 4  # 16-byte loads a lane issues before it uses them
-# Workgroups a float GEMV dispatch aims for before it stops widening its teams: a small matrix
-# (the 1 MiB router) is latency-bound, so more lanes with fewer loads each finish it sooner.
-_FLOAT_GEMV_GROUPS = 256
-
-
-def has_float_gemv(qtype, x_stride: int) -> bool:
-    """Whether the float GEMV runs this type with activation rows `x_stride` floats apart (its x
-    is read in vec4, so the stride must keep every row 16-byte aligned)."""
-    return Q(int(qtype)) in FLOAT_GEMV and x_stride % 4 == 0
-
-
-def float_gemv_team(rows: int, rb: int, y_groups: int, max_groups: int) -> int:
-    """Lanes per row for a float GEMV over `rows` rows of `rb` bytes with `y_groups` token groups:
-    32, doubled (up to the workgroup) while the dispatch has fewer than _FLOAT_GEMV_GROUPS
-    workgroups and each lane keeps at least two loads; never more workgroups along x than a
-    dispatch dimension allows."""
-    nv, team = rb // 16, 32
-
-    def groups(t: int) -> int:
-        return -(-rows // (FLOAT_GEMV_WG // t))
-
-    while team < FLOAT_GEMV_WG and groups(team) * y_groups < _FLOAT_GEMV_GROUPS and nv >= 4 * team \
-            and groups(2 * team) <= max_groups:
-        team *= 2
-    return team
-
-
-def float_gemv_consts(qtype, team: int, nt: int, sg: int, expert: bool = False) -> dict:
-    """gemv_float.wgsl's constants: `team` lanes a row, `nt` tokens a workgroup, subgroup size `sg` (0: none)."""
-    wdot, xv = FLOAT_GEMV[as_qtype(qtype)]
-    return dict(TEAM=team, NT=nt, U=FLOAT_GEMV_U, SG=sg, SUBGROUP_ADD="subgroupAdd" if sg else "no_subgroups",
-                XV=xv, WDOT=wdot, EXPERT=expert_include(expert))
-
-
-def float_gemv_pipeline(kernels: Kernels, qtype, rows: int, K: int, T: int = 1, expert: bool = False):
-    """The float GEMV over `rows` rows of K values (a weight chunk, or one expert's) for batches of T
-    (expert: T pairs, one a workgroup), with GemvTuning's SG, NT and UNCHECKED; its rows and tokens
-    per workgroup."""
-    t = GemvTuning.for_device(kernels.dev)
-    nt = 1 if expert else t.tokens(T)
-    team = float_gemv_team(rows, row_bytes(qtype, K), -(-T // nt), _max_groups(kernels.dev))
-    pipe = kernels.pipeline("gemv_float", "main", unchecked=bool(t.UNCHECKED),
-                            **float_gemv_consts(qtype, team, nt, t.SG, expert))
-    return pipe, FLOAT_GEMV_WG // team, nt
+def pair_rounds(dev: Device, N: int, chunks, T: int) -> bool:
+    """Whether the GEMV's gate||up pair of N rows in `chunks` (upload_weight's; an expert bank's
+    pair: [(None, 0, N)], one token a workgroup: T = 1) can also write its output rounded
+    (gemv_pipeline's q8_out): the tuning asks for it, N is whole 64-value groups of the rounded
+    layout, every chunk whole 32-row blocks, and the device takes workgroups of 1024 invocations
+    with their workgroup memory."""
+    t = GemvTuning.for_device(dev)
+    if not t.Q8 or N % GEMV_K or any(r0 % 32 or n % 32 for _, r0, n in chunks):
+        return False
+    wg, _, partial = _gemv_shape(t, True, t.tokens(T), True)
+    lim = dev.limits
+    # partial, the block's values and its per-invocation max and sum, the IQ4 readers' table
+    shared = 4 * (partial + 48 * t.tokens(T) + 16)
+    return (int(lim.get("max-compute-invocations-per-workgroup", 256)) >= wg
+            and int(lim.get("max-compute-workgroup-size-x", 256)) >= wg
+            and int(lim.get("max-compute-workgroup-storage-size", 16384)) >= shared)
 
 
 def expert_include(expert: bool) -> str:
@@ -400,8 +384,10 @@ def matmul_dispatches(
     Types with an int8 GEMV (has_gemv): it multiplies x rounded to 8 bits
     (kernels_q8), by a quantize dispatch put first, or already rounded in `xq`
     (x is then unread). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
-    F32 / F16 / BF16 take the float GEMV (has_float_gemv), the rest matmul.wgsl.
+    F32 / F16 / BF16 take the float GEMV (kernels_gemv_float.has_float_gemv), the rest matmul.wgsl.
     """
+    from infr.gpu import kernels_gemv_float as KGF  # (it builds on this module)
+
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
         raise TypeError("matmul_dispatches needs T (with a tensor) or K, N, T (with a qtype)")
@@ -427,7 +413,7 @@ def matmul_dispatches(
 
         return KG.gemm_dispatches(kernels, q, chunks, x, y, bias, K, N, T, x_stride=x_stride, y_stride=y_stride,
                                   resid=resid)
-    elif (floats := has_float_gemv(q, x_stride or K)):  # F32 / F16 / BF16: wide teams, vec4 loads, NT tokens a load
+    elif (floats := KGF.has_float_gemv(q, x_stride or K)):  # F32 / F16 / BF16: wide teams, vec4 loads, NT tokens a load
         label = f"gemv_{wgsl_name(q)}"
     else:
         pipe = kernels.pipeline("matmul", "main", QTYPE=wgsl_name(q), WG=wg, ROWS=rows_wg, EXPERT=expert_include(False))
@@ -435,7 +421,7 @@ def matmul_dispatches(
     b = bias if bias is not None else _no_bias(kernels)
     for buf, row0, rows in chunks:
         if floats:  # the team width follows the chunk's shape
-            pipe, rows_wg, nt = float_gemv_pipeline(kernels, q, rows, K, T)
+            pipe, rows_wg, nt = KGF.float_gemv_pipeline(kernels, q, rows, K, T)
         data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)
@@ -460,16 +446,20 @@ def can_fuse_gate_up(wg, wu, chunks_g, chunks_u) -> bool:
 
 
 def gate_up_dispatches(
-    kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: str, T: int, xq=None,
+    kernels: Kernels, wg, wu, chunks_g, chunks_u, x, y, act: str, T: int, xq=None, yq=None,
 ) -> list[Dispatch] | None:
     """y[t] = act(Wg @ x[t]) * (Wu @ x[t]) in one dispatch per chunk (the fused
     gate||up of a gated FFN), or None where no fused kernel applies (the caller
-    then runs the two matmuls and the activation)."""
+    then runs the two matmuls and the activation). `yq` (only where pair_rounds):
+    a buffer of T * kernels_q8.words(N) words that also gets y rounded, as quantize_q8 writes it."""
     if not can_pair(wg, wu, chunks_g, chunks_u):
         return None
     qg, qu = as_qtype(wg.qtype), as_qtype(wu.qtype)
     K, N = int(wg.shape[-1]), int(wg.shape[0])
-    pipe, rows_wg, nt = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), T=T)
+    if yq is not None and not pair_rounds(kernels.dev, N, chunks_g, T):
+        raise ValueError(f"the gate||up pair of {N} rows cannot write its output rounded here")
+    pipe, rows_wg, nt = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), T=T,
+                                      q8_out=yq is not None)
     rb, rb2 = row_bytes(qg, K), row_bytes(qu, K)
     none = _no_bias(kernels)
     out = []
@@ -482,8 +472,10 @@ def gate_up_dispatches(
         p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2),
                     label="gate_up.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)
-        bind = kernels.bind(pipe, pair_resources(kernels, [p, bg, x, y, none, none, bu], act))
-        out.append(Dispatch(pipe, bind, groups, f"gemv_{name}_gate_up {N}x{K}", rows * (rb + rb2)))
+        res = [p, bg, x, y, none, none, bu] + ([yq] if yq is not None else [])
+        bind = kernels.bind(pipe, pair_resources(kernels, res, act))
+        label = f"gemv_{name}_gate_up{'_q8' if yq is not None else ''} {N}x{K}"
+        out.append(Dispatch(pipe, bind, groups, label, rows * (rb + rb2)))
     return out
 
 

@@ -194,6 +194,9 @@ class MmaTuning:
     wc: bool = True  # WC_TILE first (INFR_MMA_WC=0: not at all)
     wc_min_t: int = 256
     wc_max_bytes: int = 256 << 20
+    # a Q4_K_M layer's mixed q|k|v (a Q6_K v) as one product on a WC tile (kernels_mmq.mixed_tile;
+    # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
+    mixed: bool = False
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -217,6 +220,8 @@ class MmaTuning:
             t = replace(t, wc=env["INFR_MMA_WC"] == "1")
         if env.get("INFR_MMA_WC_MIN_T"):
             t = replace(t, wc_min_t=int(env["INFR_MMA_WC_MIN_T"]))
+        if env.get("INFR_MMA_MIXED") in ("0", "1"):
+            t = replace(t, mixed=env["INFR_MMA_MIXED"] == "1")
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t

@@ -384,10 +384,11 @@ def _check(w, K: int) -> Q:
     return Q(int(w.qtype))
 
 
-def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 0) -> MmqTile | KMA.MmaTile:
+def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 0,
+          w16_rows: int = 0) -> MmqTile | KMA.MmaTile:
     """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's. A WC tile's
-    f16 weight rows (each half padded to 128) must fit one binding."""
-    w16 = 2 * K * -(-n_out // 128) * 128 * (2 if pair else 1)
+    f16 weight rows (each half padded to 128; `w16_rows` where a mixed stack writes more) must fit one binding."""
+    w16 = 2 * K * (w16_rows or -(-n_out // 128) * 128) * (2 if pair else 1)
     mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K)
     if mma is not None:
         return mma
@@ -463,13 +464,15 @@ def gate_up_dispatches(kernels: Kernels, wg, wu, chunks_g, chunks_u, xq, y, act,
 
 def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
                        tile: MmqTile | None = None) -> list[Dispatch]:
-    """ys[i][t] = W_i @ x[t] (+ bias) for matrices of one type uploaded stacked
-    (kernels_matmul.upload_stacked) in one dispatch; `bias` holds every
-    matrix's rows (zeros where one has none) or is None."""
+    """ys[i][t] = W_i @ x[t] (+ bias) for matrices uploaded stacked (kernels_matmul.upload_stacked) in
+    one dispatch; `bias` holds every matrix's rows (zeros where one has none) or is None. Matrices of
+    one type, or of several (a Q4_K_M layer's Q6_K v) on a tile copying f16 weight rows (mixed_tile)."""
     K = int(tensors[0].shape[-1])
     q = _check(tensors[0], K)
-    if any(Q(int(t.qtype)) != q or int(t.shape[-1]) != K for t in tensors):
-        raise ValueError("stacked mmq matrices need one type and one K")
+    if any(int(t.shape[-1]) != K for t in tensors):
+        raise ValueError("stacked mmq matrices need one K")
+    if KM.is_mixed(tensors):
+        return _mixed_stacked(kernels, tensors, chunks, xq, ys, bias, T, tile)
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
     split1 = sizes[0]
@@ -489,3 +492,79 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int,
     groups = (-(-N // rows_wg), -(-T // bt), 1)
     label = f"mmq_{KM.wgsl_name(q)}_stacked {'+'.join(map(str, sizes))}x{K}"
     return pre + [Dispatch(pipe, bind, groups, label, groups[1] * N * KM.row_bytes(q, K))]
+
+
+# A mixed stack (Q4_K q, k and a Q6_K v: a third of a Q4_K_M file's layers) as one product. A tile copying
+# f16 weight rows (WC) never reads blocks itself: each matrix's rows are dequantized by its own type's
+# mma_dequant pass into its place of one f16 buffer, in the single-type stack's layout (row r of the stack
+# at r K, the stack padded to 128 rows), and one kernel with the q|k|v split multiplies them all: one
+# token pass and one grid of 128-row tiles, where three products each had their own passes and the
+# 1024-row k and v filled few workgroups.
+
+
+def _mixed_rows(sizes: list[int]) -> tuple[list[int], list[int], int]:
+    """A mixed stack's f16 rows: (each matrix's first row, the rows its pass writes, the buffer's rows).
+    mma_dequant writes whole 64-row workgroups (rows past a matrix's own copy its last): a pass may run
+    into the next matrix's rows, which that matrix's pass, later in the same pass, writes over; the last
+    writes on to the stack's 128-row padding."""
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    padded = -(-sum(sizes) // 128) * 128
+    rows = [-(-n // 64) * 64 for n in sizes[:-1]] + [-(-(padded - offs[-1]) // 64) * 64]
+    return offs, rows, max([padded] + [o + r for o, r in zip(offs, rows)])
+
+
+def mixed_tile(kernels: Kernels, tensors, T: int) -> KMA.MmaTile | None:
+    """The tile of a mixed stack's one product (stacked_dispatches), or None where the stack keeps a
+    product per matrix: a type without a reader, no tensor-core tile copying f16 weight rows for the
+    stacked rows (WC 0: it would read the blocks as its one QTYPE; mmq's int8 tiles; batches below
+    wc_min_t), or a matrix's f16 rows not on a storage offset boundary (its pass binds a view there)."""
+    K = int(tensors[0].shape[-1])
+    if not TU.current().mma.mixed or not all(applies(t) for t in tensors):
+        return None
+    if len({int(t.shape[-1]) for t in tensors}) != 1:
+        return None
+    offs, _, rows = _mixed_rows([int(t.shape[0]) for t in tensors])
+    if any(2 * K * o % KM.STACK_ALIGN for o in offs):
+        return None
+    tile = _tile(kernels, tensors[0].qtype, sum(int(t.shape[0]) for t in tensors), T, K=K, w16_rows=rows)
+    return tile if _copies(tile)[1] else None
+
+
+def _mixed_stacked(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int, tile) -> list[Dispatch]:
+    """stacked_dispatches of a mixed stack: the token pass, a dequant pass per matrix (its rows a view of
+    the stacked upload, its f16 rows a view of the scratch at its first row) and one q|k|v product. The
+    kernel is compiled for the first matrix's type, whose reader it never runs (WCOPY: no fetch_units;
+    INIT only fills the IQ4 code book): binding 1, which it declares, holds the whole upload."""
+    tile = tile or mixed_tile(kernels, tensors, T)
+    if not _copies(tile)[1]:
+        raise ValueError("a stack of several types runs as one product only on a tile copying f16 weight rows (WC)")
+    K = int(tensors[0].shape[-1])
+    qs = [_check(t, K) for t in tensors]
+    sizes = [int(t.shape[0]) for t in tensors]
+    N = sum(sizes)
+    offs, rows, total = _mixed_rows(sizes)
+    if any(2 * K * o % KM.STACK_ALIGN for o in offs):
+        raise ValueError(f"f16 rows of {sizes} x {K} do not start on {KM.STACK_ALIGN}-byte boundaries")
+    pipe, rows_wg, bt = mmq_pipeline(kernels, qs[0], tile, split=True, K=K)
+    (buf, _, _), = chunks
+    none = KM._no_bias(kernels)
+    extra: dict = {}
+    out = _token_pass(kernels, tile, xq, K, T, bt, extra)
+    w16 = extra[13] = KQ._buffer(kernels, "w16", 2 * K * total)
+    for q, n, o, r, part in zip(qs, sizes, offs, rows, KM.stack_parts(tensors, chunks)):
+        (view, _, _), = part
+        p = storage(kernels.dev, _params(q, K, n, 0, n, T, False, False), label="mmq.qkv.dequant.params", uniform=True)
+        dq = dequant_pipeline(kernels, q, False)
+        res = [p, view] + [None] * 11 + [(w16, 2 * K * o, 2 * K * r)]
+        out.append(Dispatch(dq, kernels.bind(dq, res), (r // 64, -(-K // 512), 1),
+                            f"mma_dequant_{KM.wgsl_name(q)} {n}x{K}", n * KM.row_bytes(q, K)))
+    split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
+    p = storage(kernels.dev, _params(qs[0], K, N, 0, N, T, bias is not None, False, sizes[0], split2),
+                label="mmq.qkv.params", uniform=True)
+    outs = list(ys) + [storage(kernels.dev, 16, label="mmq.no_output") for _ in range(3 - len(ys))]
+    bind = kernels.bind(pipe, _with([p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]],
+                                    extra))
+    groups = (-(-N // rows_wg), -(-T // bt), 1)
+    label = f"mmq_{'+'.join(dict.fromkeys(map(KM.wgsl_name, qs)))}_stacked {'+'.join(map(str, sizes))}x{K}"
+    nbytes = sum(n * KM.row_bytes(q, K) for q, n in zip(qs, sizes))
+    return out + [Dispatch(pipe, bind, groups, label, groups[1] * nbytes)]

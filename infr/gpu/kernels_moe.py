@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from infr.errors import UnsupportedError
+from infr.gpu import kernels_gemv_float as KGF
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_mma as KMA
@@ -134,8 +135,8 @@ def f32_pipeline(kernels: Kernels, qtype, N: int = 1, K: int = 0, A: int = 1):
     """The kernel over an expert bank of a type without an int8 GEMV, for N x K experts and A pairs:
     the float GEMV (F32, F16, BF16), else matmul.wgsl; its rows per workgroup."""
     q = KM.as_qtype(qtype)
-    if q in KM.FLOAT_GEMV:
-        pipe, rows_wg, _ = KM.float_gemv_pipeline(kernels, q, N, K, A, expert=True)
+    if q in KGF.FLOAT_GEMV:
+        pipe, rows_wg, _ = KGF.float_gemv_pipeline(kernels, q, N, K, A, expert=True)
         return pipe, rows_wg
     rows_wg = KM.rows_per_workgroup(q)
     return kernels.pipeline("matmul", "main", QTYPE=KM.wgsl_name(q), WG=KM.MATMUL_WG, ROWS=rows_wg,
@@ -159,7 +160,7 @@ def expert_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, x, y, A: int,
         raise UnsupportedError(f"{q.name} expert banks need rows of whole 64-value groups, not {K}")
     else:
         pipe, rows_wg = f32_pipeline(kernels, q, N, K, A)
-        kind = "gemv" if q in KM.FLOAT_GEMV else "matmul"
+        kind = "gemv" if q in KGF.FLOAT_GEMV else "matmul"
         x_stride, label = K, f"{kind}_{KM.wgsl_name(q)}_expert"
     p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, x_stride, N, False, A), label="expert.params", uniform=True)
     out = []
@@ -171,13 +172,15 @@ def expert_matmul(kernels: Kernels, qtype, K: int, N: int, chunks, x, y, A: int,
 
 
 def expert_pair(kernels: Kernels, qg, qu, K: int, N: int, chunks_g, chunks_u, xq, y, act, A: int, ids,
-                x_div: int = 1, fused: bool = False) -> list[Dispatch]:
+                x_div: int = 1, fused: bool = False, yq=None) -> list[Dispatch]:
     """y[a] = act(G_e @ x) * (U_e @ x), e = ids[a], x = xq[a // x_div] rounded: the GEMV's gate||up
     pair over two banks of one expert chunking, or over one fused gate_up bank (`fused`: each
-    expert's N gate rows, then its N up rows)."""
+    expert's N gate rows, then its N up rows). `yq` (where KM.pair_rounds): y rounded too, as
+    quantize_q8 writes it (the down bank's GEMV input)."""
     qg, qu = KM.as_qtype(qg), KM.as_qtype(qu)
     rb, rb2 = KM.row_bytes(qg, K), KM.row_bytes(qu, K)
-    pipe, rows_wg, _ = KM.gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), expert=True)
+    pipe, rows_wg, _ = KM.gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), expert=True,
+                                        q8_out=yq is not None)
     p = storage(kernels.dev, KM.params_matmul(K, N, 0, rb, KQ.words(K) // 4, N, False, A, row_bytes2=rb2),
                 label="expert_pair.params", uniform=True)
     stride, stride2, base2 = (2 * N * rb, 2 * N * rb, N * rb) if fused else (N * rb, N * rb2, 0)
@@ -185,9 +188,9 @@ def expert_pair(kernels: Kernels, qg, qu, K: int, N: int, chunks_g, chunks_u, xq
     out = []
     for (bg, e0, n), (bu, _, _) in zip(chunks_g, chunks_u):
         ep = _experts(kernels, e0, n, stride, stride2, 0, base2, x_div)
-        bind = kernels.bind(pipe, KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu, None, ep, ids], act))
-        out.append(Dispatch(pipe, bind, (-(-N // rows_wg), A, 1), f"gemv_{KM.wgsl_name(qg)}_expert_gate_up {N}x{K}",
-                            N * (rb + rb2)))
+        bind = kernels.bind(pipe, KM.pair_resources(kernels, [p, bg, xq, y, none, none, bu, yq, ep, ids], act))
+        label = f"gemv_{KM.wgsl_name(qg)}_expert_gate_up{'_q8' if yq is not None else ''} {N}x{K}"
+        out.append(Dispatch(pipe, bind, (-(-N // rows_wg), A, 1), label, N * (rb + rb2)))
     return out
 
 
@@ -351,9 +354,13 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
         return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add)
     qg, qu = up[0].qtype, up[-1].qtype
+    ain = act
     if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
+        # the down bank's int8 GEMV reads act rounded: the pair writes that too (no quantize dispatch)
+        if KM.has_gemv(down.qtype, H) and KM.pair_rounds(k.dev, H, [(None, 0, H)], 1):
+            ain = scratch("act_q8", 4 * A * KQ.words(H))
         ds += expert_pair(k, qg, qu, n_in, H, chunks[0], chunks[0] if fused else chunks[1], xq, act, m.activation,
-                          A, ids, x_div, fused)
+                          A, ids, x_div, fused, yq=None if ain is act else ain)
     else:
         g, u = scratch("g", 4 * A * H), scratch("u", 4 * A * H)
         rb = KM.row_bytes(qg, n_in)
@@ -365,8 +372,7 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
             else:
                 ds += expert_matmul(k, t.qtype, n_in, H, chunks[i], xin, dst, A, ids, x_div)
         ds.append(KS.gated_dispatch(k, g, u, act, A * H, m.activation))
-    ain = act
-    if KM.has_gemv(down.qtype, H):
+    if KM.has_gemv(down.qtype, H) and ain is act:
         d, ain = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)

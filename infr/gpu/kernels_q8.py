@@ -6,7 +6,8 @@ by dot4I8Packed (see wgsl/gemv.wgsl for why); the reference rounds the same way
 per device: each quantization is followed by the GEMVs that read it, in the
 same ordered pass. `rmsnorm_q8` writes a norm's output both as floats and
 rounded, so the GEMV after a norm needs no quantize dispatch of its own;
-`rmsnorm_add_q8` so a post-norm's residual add (and the next norm after it).
+`rmsnorm_add_q8` so a post-norm's residual add (and the next norm after it); the GEMV's gate||up
+pair so its own output for down (kernels_matmul.pair_rounds, into `scratch_out`: it reads the first).
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def _buffer(kernels: Kernels, kind: str, nbytes: int):
 def scratch(kernels: Kernels, K: int, T: int):
     """The device's q8 scratch, large enough for T rounded rows of K values."""
     return _buffer(kernels, "q8", 4 * T * words(K))
+
+
+def scratch_out(kernels: Kernels, K: int, T: int):
+    """A second q8 scratch, for rounded rows a kernel writes while it reads the first: the GEMV's
+    gate||up pair rounding its output (kernels_matmul.pair_rounds) for the down projection."""
+    return _buffer(kernels, "q8_out", 4 * T * words(K))
 
 
 def quantize_dispatch(kernels: Kernels, x, K: int, T: int, x_stride: int | None = None,

@@ -152,8 +152,15 @@ class Lowering:
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
         mixed = KM.is_mixed(tensors)
-        if mixed and any(KMQ.use_mmq(self.rows, be.dev, t, m.q8) for m, t in zip(mms, tensors)):
-            # A batch over a mixed stack (Q4_K q, k and Q6_K v): each matrix its own kernel, on a view of its rows.
+        mmq = [KMQ.use_mmq(self.rows, be.dev, t, m.q8) for m, t in zip(mms, tensors)]
+        if mixed and all(mmq) and KMQ.mixed_tile(self.k, tensors, self.rows) is not None:
+            # A batch over a mixed stack (Q4_K q, k and Q6_K v) on a tile copying f16 weight rows: one product,
+            # each matrix dequantized by its own type's pass (kernels_mmq.mixed_tile).
+            pre, xq = self.q8_input(x, int(tensors[0].shape[-1]))
+            return pre + KMQ.stacked_dispatches(self.k, tensors, be.weights[names], xq, ys, be.stack_bias.get(names),
+                                                self.rows)
+        if mixed and any(mmq):
+            # Elsewhere each matrix its own kernel, on a view of its rows.
             parts = KM.stack_parts(tensors, be.weights[names])
             return [d for m, t, part, y in zip(mms, tensors, parts, ys)
                     for d in self._matmul(t, part, x, y, be.weights[m.bias][0] if m.bias else None, m.q8)]
@@ -187,7 +194,15 @@ class Lowering:
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
         y = self.target(act.dst, mg.src)
         pre, xq = self._gemv_q8(tg, x, mg.q8)
-        return pre + KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq)
+        # The int8 GEMV of down reads y rounded next (self.ahead: the op after the group): the pair
+        # writes that too, into the second scratch (it reads the first), and down needs no quantize.
+        N = int(tg.shape[0])
+        rounds = xq is not None and self._feeds_gemv_q8(act.dst, N, KM.GEMV_K)
+        yq = KQ.scratch_out(self.k, N, self.rows) if rounds and KM.pair_rounds(be.dev, N, chunks_g, self.rows) else None
+        ds = KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq, yq=yq)
+        if yq is not None:
+            self.q8 = (y, N, yq)
+        return pre + ds
 
     def rope_store(self, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch]:
         be, r = self.be, rq.rope
@@ -218,14 +233,15 @@ class Lowering:
                                     rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, _style(r),
                                     self.rows, factors=factors, norms=hn)]
 
-    def _feeds_gemv_q8(self, name: str, width: int) -> bool:
+    def _feeds_gemv_q8(self, name: str, width: int, unit: int = 256) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
-        the Q4_K GEMV: its producer then writes it rounded too. A MoE counts past
-        its router (an f32 matmul of the same rows): its experts read them rounded."""
+        the Q4_K GEMV: its producer then writes it rounded too (width % unit == 0: the norms' kernels
+        take whole 256-value blocks). A MoE counts past its router (an f32 matmul of the same rows):
+        its experts read them rounded."""
         nxt = self.ahead
         if isinstance(nxt, MatMul) and nxt.src == name and not nxt.q8 and isinstance(self.ahead2, MoE):
             nxt = self.ahead2
-        if width % 256 or (KG.use_gemm(self.rows, self.be.dev) and not KMQ.use_mmq(self.rows, self.be.dev)):
+        if width % unit or (KG.use_gemm(self.rows, self.be.dev) and not KMQ.use_mmq(self.rows, self.be.dev)):
             return False
         if isinstance(nxt, MoE):
             return nxt.src == name and KMoE.reads_q8(self.be, nxt)

@@ -26,7 +26,9 @@ class AttentionTuning:
     split_from: int = 256  # perf/h200/split-from-2026-12-05-h100.txt
     split_t: int = 4
     one_pass_ctx: int = 1024
-    tiled: int = 0  # the prefill kernel: 0 by device (kernels_attention.tiled_kernel), 1 attn_tiled, 2 attn_tiled2
+    tiled: int = 0  # the prefill kernel: 0 by device (kernels_attention.tiled_kernel), 1 attn_tiled, 2 attn_tiled2,
+    # 3 attn_mma (the tensor cores)
+    mma: tuple[int, int] | None = None  # attn_mma's (M, BK) tiling, for tuning
     tiled2: tuple[int, int, int] | None = None  # attn_tiled2's (M, QPI, KPI) tiling, for tuning
     # 1: prefill at head dims past 256 (Gemma 4's full layers, 512) takes the tiled kernels; 0: the one-pass
     # kernel, which an H100 ran faster at 512 (perf/attn_prefill_time.py --wide --flavor dawn, 8/1 heads:
@@ -41,6 +43,12 @@ class AttentionTuning:
         t = cls(**{k: int(env[v]) for k, v in names.items() if env.get(v)})
         if env.get("INFR_ATTN_TILED2"):
             t = replace(t, tiled2=tuple(int(x) for x in env["INFR_ATTN_TILED2"].split(",")))
+        if env.get("INFR_ATTN_MMA"):
+            t = replace(t, mma=tuple(int(x) for x in env["INFR_ATTN_MMA"].split(",")))
+            M, BK = t.mma if len(t.mma) == 2 else (0, 0)
+            if M < 16 or M & (M - 1) or BK <= 0 or BK % 32:
+                raise ValueError(f"INFR_ATTN_MMA must be 'M,BK': M a power of two of 16 or more, BK a multiple "
+                                 f"of 32, got {env['INFR_ATTN_MMA']!r}")
         if t.chunk and (t.chunk % 128 or not 0 < t.chunk <= 512):
             raise ValueError(f"INFR_ATTN_CHUNK must be 128, 256, 384 or 512, got {t.chunk}")
         return t

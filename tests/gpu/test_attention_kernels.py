@@ -15,6 +15,7 @@ import pytest
 
 from infr.cpu import ops as F
 from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_attn_mma as KAM
 from infr.gpu import kernels_misc as M
 from infr.gpu.runtime import read, run, storage
 from infr.models.spec import RopeSpec, RopeStyle
@@ -40,8 +41,11 @@ def _poison_past(gpu, kcb, vcb, kc, vc, n_kv):
 
 
 def _tiled_name(kernels) -> str:
-    """The tiled prefill kernel this adapter gets (attn_tiled2 on Dawn, attn_tiled on wgpu-native)."""
+    """The tiled prefill kernel this adapter gets for 8 / 2 heads of 64 (attn_mma where Dawn has the tensor
+    cores' subgroup matrices, else attn_tiled2 on Dawn, attn_tiled on wgpu-native)."""
     dawn = kernels is not None and kernels.dev.dawn
+    if dawn and KAM.takes(kernels.dev, 64, 64, KAM.shape(8, 2)):
+        return "attn_mma"
     return "attn_tiled2" if dawn else "attn_tiled"
 
 
@@ -197,10 +201,19 @@ TILED_CASES = {
 }
 
 
-@pytest.mark.parametrize("kernel", [1, 2])
+def _skip_unless_mma(gpu, n_heads, kv_heads, hd, vd, tiling=None):
+    if not KAM.takes(gpu, hd, vd, KAM.shape(n_heads, kv_heads, tiling)):
+        pytest.skip(f"attn_mma does not run here for head dims {hd}/{vd} (it needs Dawn's f16 subgroup matrices, "
+                    f"dims of whole 16-value matrices up to {KAM.MAX_DIM}, and its tiles in workgroup memory): "
+                    "INFR_TEST_FLAVOR=dawn on NVIDIA runs it")
+
+
+@pytest.mark.parametrize("kernel", [1, 2, 3])
 @pytest.mark.parametrize("case", list(TILED_CASES))
 def test_tiled_prefill(gpu, kernels, case, kernel):
     n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    if kernel == 3:
+        _skip_unless_mma(gpu, n_heads, kv_heads, hd, vd)
     if kernel == 2:
         t = KA.tiled2_shape(n_heads, kv_heads, hd, vd, KA.default_tiling(kernels, hd, vd), T)
         if t.workgroup_bytes(hd, vd) > gpu.limits["max-compute-workgroup-storage-size"]:
@@ -221,7 +234,7 @@ def test_tiled_prefill(gpu, kernels, case, kernel):
     scale = 1.0 / np.sqrt(hd)
     d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_ctx), n_heads,
                           kv_heads, hd, vd, scale, window, softcap, T, kernel=kernel)
-    assert d.label.split()[0] == ("attn_tiled2" if kernel == 2 else "attn_tiled")
+    assert d.label.split()[0] == {1: "attn_tiled", 2: "attn_tiled2", 3: "attn_mma"}[kernel]
     run(gpu, [d])
     got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
     want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
@@ -245,6 +258,12 @@ def test_tiled2_tilings(gpu, kernels, case, tiling):
         # attn_tiled there), so on this adapter there is no kernel of this tiling to test
         pytest.skip(f"{t} needs {t.workgroup_bytes(hd, vd)} bytes of workgroup memory, more than this adapter's "
                     f"{gpu.limits['max-compute-workgroup-storage-size']}; never selected here, run where the device has that much")
+    _run_tiling(gpu, kernels, case, 2, tiling)
+
+
+def _run_tiling(gpu, kernels, case, kernel, tiling):
+    """Tiled kernel `kernel` at `tiling` on TILED_CASES[case] against the reference."""
+    n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
     n_kv = start + T
     rng = np.random.default_rng(len(case) + start)
     kc, vc = _caches(rng, n_kv + 20, kv_heads, hd, vd)
@@ -254,17 +273,30 @@ def test_tiled2_tilings(gpu, kernels, case, tiling):
     out = storage(gpu, T * n_heads * vd * 4)
     scale = 1.0 / np.sqrt(hd)
     d = KA.tiled_dispatch(kernels, _buf(gpu, q), kcb, vcb, out, M.single_sequence(gpu, start, T, n_kv + 20), n_heads,
-                          kv_heads, hd, vd, scale, window, softcap, T, kernel=2, tiling=tiling)
+                          kv_heads, hd, vd, scale, window, softcap, T, kernel=kernel, tiling=tiling)
     run(gpu, [d])
     got = read(gpu, out, count=T * n_heads * vd).reshape(T, n_heads * vd)
     want = F.attention(q, kc, vc, np.arange(start, n_kv), n_kv, n_heads, scale, window, softcap)
-    _check(f"tiled2 {tiling} {case}", got, want, vc, n_kv)
+    _check(f"kernel {kernel} {tiling} {case}", got, want, vc, n_kv)
+
+
+@pytest.mark.parametrize("tiling", [(32, 32), (128, 32), (64, 64)], ids=lambda t: "M{}k{}".format(*t))
+@pytest.mark.parametrize("case", ["mha_d128_T70_from0", "gqa8_d128_T45_late", "gqa16_d64_T21_window",
+                                  "gqa2_dk96_dv64_T17_window_softcap", "gqa4_d256_T45_late_softcap"])
+def test_mma_tilings(gpu, kernels, case, tiling):
+    """attn_mma's other tilings (INFR_ATTN_MMA) give the same results."""
+    n_heads, kv_heads, hd, vd, start, T, window, softcap = TILED_CASES[case]
+    _skip_unless_mma(gpu, n_heads, kv_heads, hd, vd, tiling)
+    _run_tiling(gpu, kernels, case, 3, tiling)
 
 
 def test_tiled_kernel_choice(gpu, kernels, tune):
     """attn_tiled2 on Dawn (faster there), attn_tiled on wgpu-native (attn_tiled2 is slower through
-    naga on the H100); INFR_ATTN_TILED forces either; attn_tiled where attn_tiled2 does not fit."""
-    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == (2 if gpu.dawn else 1)
+    naga on the H100); attn_mma where Dawn has the tensor cores; INFR_ATTN_TILED forces any; attn_tiled
+    where attn_tiled2 does not fit."""
+    mma = KAM.takes(gpu, 128, 128, KAM.shape(32, 8))
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == (3 if mma else 2 if gpu.dawn else 1)
+    assert KA.tiled_kernel(kernels, 8, 1, 512, 512, T=512) != 3  # past its MAX_DIM
     tune(INFR_ATTN_TILED="2")
     assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 2
     assert KA.tiled_kernel(kernels, 32, 8, 128, 128, tiling=(128, 8, 2)) == 1  # 66 KiB of workgroup memory
@@ -272,6 +304,8 @@ def test_tiled_kernel_choice(gpu, kernels, tune):
     ds = KA.attention_dispatches(kernels, q, kc, vc, out, M.single_sequence(gpu, 0, 37, 256), None, 4, 2, 64, 64,
                                  0.1, None, None, 37)
     assert [d.label.split()[0] for d in ds] == ["attn_tiled2"]
+    tune(INFR_ATTN_TILED="3")
+    assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == (3 if mma else 1)
     tune(INFR_ATTN_TILED="1")
     assert KA.tiled_kernel(kernels, 32, 8, 128, 128) == 1
     tune(INFR_ATTN_TILED="2")  # head dim 512: attn_tiled2's 8 slots need 41664 bytes

@@ -117,11 +117,21 @@ def test_gate_up_not_fused_without_a_gemv(gpu, kernels):
     assert KM.gate_up_dispatches(kernels, wg, wu, cg, cu, cg[0][0], cu[0][0], "silu", 1) is None
 
 
+@pytest.mark.parametrize("q8", [0, 1], ids=["quantize", "pair_rounds"])  # GemvTuning.Q8
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen2"])  # qwen2: the stacked q|k|v carries biases
-def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
+def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family, q8):
     """A model whose every matrix takes the Q4_K kernels (K % 256 == 0): the
     stacked q|k|v and the fused gate||up run, and greedy decode on the GPU
-    gives the CPU reference's tokens."""
+    gives the CPU reference's tokens; with Q8, the pair rounds down's input itself."""
+    from dataclasses import replace as _replace
+
+    from infr.gpu import tuning
+
+    with tuning.override(gemv=_replace(tuning.current().gemv, Q8=q8)):
+        _fused_graph_greedy(tmp_path, gpu, family, q8)
+
+
+def _fused_graph_greedy(tmp_path, gpu, family, q8):
     from infr import synth
     from infr.cpu.backend import CPUBackend
     from infr.gguf_file import open_gguf
@@ -137,9 +147,15 @@ def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
     assert len(gpu_be.stacks) == plan.spec.n_layers  # q|k|v stacked in every layer
     labels = [d.label for d in gpu_be._multi_step(1, False).dispatches]
     assert sum("_stacked" in lb for lb in labels) == plan.spec.n_layers
-    assert sum("_gate_up" in lb for lb in labels) == plan.spec.n_layers
-    # the attention kernel rounds the o projection's input itself; only the down projection's is quantized
-    assert labels.count("quantize_q8 256") == 0 and labels.count("quantize_q8 512") == plan.spec.n_layers
+    if q8:
+        assert sum("_gate_up_q8 " in lb for lb in labels) == plan.spec.n_layers
+        # the attention kernel rounds the o projection's input itself, the gate||up pair the down
+        # projection's (tests/gpu/test_gate_up_q8.py): no quantize dispatch at all
+        assert not any(lb.startswith("quantize_q8") for lb in labels), labels
+    else:
+        assert sum("_gate_up" in lb for lb in labels) == plan.spec.n_layers
+        # the attention kernel rounds the o projection's input itself; only the down projection's is quantized
+        assert labels.count("quantize_q8 256") == 0 and labels.count("quantize_q8 512") == plan.spec.n_layers
     cpu_be = CPUBackend(gf, plan, 64)
     prompt = [1, 17, 42, 99, 3, 250]
     want, logits = [], cpu_be.forward(prompt, 0)[-1]
@@ -152,11 +168,23 @@ def test_fused_graph_greedy_equals_cpu(tmp_path, gpu, family):
     assert gpu_be.decode_greedy(first, len(prompt), 11) == want[1:]
 
 
-def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path):
+@pytest.fixture
+def pair_rounds():
+    """GemvTuning.Q8 on (INFR_GEMV_Q8=1): the gate||up pair writes down's input rounded too."""
+    from dataclasses import replace
+
+    from infr.gpu import tuning
+
+    with tuning.override(gemv=replace(tuning.current().gemv, Q8=1)):
+        yield
+
+
+def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pair_rounds):
     """A qwen3moe layer of Q8_0 weights, 256 wide: the FFN norm writes its rows rounded too (the
     experts' int8 GEMV reads them past the f32 router: no quantize of them) and the experts' sum
-    goes into the residual stream in the combine (no add dispatch): 12 dispatches a layer, not 15
-    — and the model still follows the CPU reference, prompt batch (grouped experts) and decode."""
+    goes into the residual stream in the combine (no add dispatch), and (GemvTuning.Q8) the experts'
+    gate||up pair writes its output rounded for the down bank (no quantize): 11 dispatches a layer, not 15 — and
+    the model still follows the CPU reference, prompt batch (grouped experts) and decode."""
     from dataclasses import replace
 
     from infr import synth
@@ -178,7 +206,8 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path):
     full = [d.label for d in g._multi_step(1, False).dispatches]
     labels = [lb.split()[0] for lb in full]
     assert labels.count("moe_combine") == spec.n_layers and "add" not in labels, labels
-    assert f"quantize_q8 {spec.n_embd}" not in full, full  # only the experts' activations (64 wide) are quantized
+    assert not any(lb.startswith("quantize_q8") for lb in full), full
+    assert labels.count("gemv_q8_0_expert_gate_up_q8") == spec.n_layers, labels
     assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1, labels  # attention, FFN, and the head's
     prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
     assert_gpu_follows_cpu(g, c, prompt, 6)

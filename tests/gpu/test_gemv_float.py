@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from infr.gpu import kernels_gemv_float as KGF
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import runtime as R
 from infr.gpu.runtime import read, run, storage
@@ -77,10 +78,10 @@ def test_router_shape_fills_the_device():
     """The 128 x 2048 F32 router: teams widen to the whole workgroup (128 workgroups, two 16-byte
     loads a lane) where 16 lanes a row and 4 rows a workgroup made 32; a large matrix keeps teams of 32."""
     rb = KM.row_bytes(Q.F32, 2048)
-    assert KM.float_gemv_team(128, rb, 1, 65535) == 256
-    assert KM.float_gemv_team(6, KM.row_bytes(Q.F32, 64), 1, 65535) == 32  # 16 loads a row: no wider
-    assert KM.float_gemv_team(4096, KM.row_bytes(Q.F16, 4096), 1, 65535) == 32
-    assert KM.float_gemv_team(128, rb, 1, 64) == 128  # never more workgroups than a dimension holds
+    assert KGF.float_gemv_team(128, rb, 1, 65535) == 256
+    assert KGF.float_gemv_team(6, KM.row_bytes(Q.F32, 64), 1, 65535) == 32  # 16 loads a row: no wider
+    assert KGF.float_gemv_team(4096, KM.row_bytes(Q.F16, 4096), 1, 65535) == 32
+    assert KGF.float_gemv_team(128, rb, 1, 64) == 128  # never more workgroups than a dimension holds
 
 
 def test_chunked_float_gemv(gpu, kernels):
@@ -122,7 +123,7 @@ def test_float_gemv_passes_tint(gpu, tint):  # noqa: F811
         for team in (32, 64, 128, 256):
             for nt, expert in ((1, False), (2, False), (8, False), (1, True)):
                 for sg in (0, 8, 32):
-                    code = R.dawn_source(R.load_source("gemv_float", KM.float_gemv_consts(q, team, nt, sg, expert)))
+                    code = R.dawn_source(R.load_source("gemv_float", KGF.float_gemv_consts(q, team, nt, sg, expert)))
                     try:
                         tint.create_shader_module(label="gemv_float", code=code)
                     except Exception as e:

@@ -27,6 +27,7 @@ from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import tuning
 from infr.gpu.runtime import read, run, storage
 from infr.models.spec import Activation
 
@@ -81,6 +82,173 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
     want = _three_products(mma, kernels, qtype, COPIED)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+MIXED = [(256, 128, 128), (200, 100, 60)]  # q, k, v rows: tile-aligned, and passes overrunning their neighbours
+
+
+@pytest.fixture
+def mixed_on():
+    """MmaTuning.mixed (INFR_MMA_MIXED=1): a mixed stack as one product, off by default until a GPU runs it."""
+    with tuning.override(mma=replace(tuning.current().mma, mixed=True)):
+        yield
+
+
+@pytest.mark.parametrize("sizes", MIXED, ids=lambda s: "+".join(map(str, s)))
+def test_mixed_stack_is_one_product(mma, kernels, sizes, mixed_on):
+    """A Q4_K_M layer's mixed stack (Q4_K q, k and a Q6_K v) at T = 300 on the tile the engine picks
+    (WC_TILE: it copies f16 weight rows) runs as one product: one token pass, a dequant pass per matrix
+    into its rows of one f16 buffer, one q|k|v kernel. Within the bound of the reference, with the bias;
+    the same bits as the three products the engine ran before, where each matrix's rows sit at the same
+    place in its 128-row tiles (offsets of whole tiles), within rounding elsewhere."""
+    gpu = mma
+    K, T = 512, 300
+    rng = np.random.default_rng([sum(sizes), 23])
+    ts = [make_weight(q, n, K, rng) for q, n in zip((Q.Q4_K, Q.Q4_K, Q.Q6_K), sizes)]
+    tile = KMQ.mixed_tile(kernels, ts, T)
+    assert tile == KMA.WC_TILE, tile
+    bias = rng.standard_normal(sum(sizes)).astype(np.float32)
+    x = rng.standard_normal((T, K)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    pre, xq = _rows(kernels, x, K, T)
+    chunks = KM.upload_stacked(gpu, ts, label="qkv")
+    outs = [_nan(gpu, T, n) for n in sizes]
+    one = KMQ.stacked_dispatches(kernels, ts, chunks, xq, outs, storage(gpu, bias), T)
+    assert [d.label.split()[0] for d in one] == ["q8_f16", "mma_dequant_q4_k", "mma_dequant_q4_k", "mma_dequant_q6_k",
+                                                 "mmq_q4_k+q6_k_stacked"], [d.label for d in one]
+    run(gpu, pre + one)
+    got = [read(gpu, y, count=T * n).reshape(T, n) for y, n in zip(outs, sizes)]
+    # before: each matrix its own product on a view of its rows, with its slice of the bias
+    alone = [_nan(gpu, T, n) for n in sizes]
+    first, ds = 0, []
+    for tw, part, y, n in zip(ts, KM.stack_parts(ts, chunks), alone, sizes):
+        ds += KMQ.mmq_dispatches(kernels, tw, part, xq, y, storage(gpu, bias[first: first + n]), T, tile=tile)
+        first += n
+    run(gpu, ds)
+    first = 0
+    for tw, g, y, n in zip(ts, got, alone, sizes):
+        want, scale = _want(tw, x)
+        _check(f"mixed stack {first}..{first + n}", g, want + bias[first: first + n], scale)
+        apart = read(gpu, y, count=T * n).reshape(T, n)
+        if all(s % 128 == 0 for s in sizes):
+            np.testing.assert_array_equal(g, apart)
+        else:
+            np.testing.assert_allclose(g, apart, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(apart))))
+        first += n
+
+
+class _Layout:
+    """Kernels that compile nothing and bind nothing: the dispatches' pipelines are (name, QTYPE) and
+    their bind groups the resource lists, over a real device's buffers (lavapipe will do)."""
+
+    def __init__(self, kernels):
+        self.dev = kernels.dev
+
+    def pipeline(self, name, entry="main", unchecked=False, **consts):
+        return name, consts.get("QTYPE"), consts.get("WCOPY")
+
+    def bind(self, pipeline, res):
+        return list(res)
+
+
+def _qkv(sizes, K, types=(Q.Q4_K, Q.Q4_K, Q.Q6_K)):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(qtype=q, shape=(n, K)) for q, n in zip(types, sizes)]
+
+
+def _h100():
+    """A stand-in for Dawn's H100 device: its limits and subgroup matrices (kernels_mma.available)."""
+    from types import SimpleNamespace
+
+    config = {"component_type": "f16", "result_component_type": "f32", "m": 16, "n": 16, "k": 16,
+              "min_subgroup_size": 32, "max_subgroup_size": 32}
+    limits = {"max-compute-workgroup-storage-size": 49152, "max-compute-invocations-per-workgroup": 1024,
+              "max-storage-buffers-per-shader-stage": 16, "max-storage-buffer-binding-size": 1 << 30}
+    return SimpleNamespace(dawn=True, has=lambda f: True, subgroup_matrix_configs=[config], is_cpu=False,
+                           limits=limits, name="H100 stand-in")
+
+
+@pytest.mark.parametrize("sizes", [(4096, 1024, 1024), (200, 100, 60)], ids=["8b", "odd"])
+def test_mixed_stack_layout(gpu, kernels, sizes):
+    """The dispatches of a mixed stack's one product, without compiling them (runs on any adapter): each
+    dequant pass reads its matrix's view of the upload, writes its f16 rows at the stack's row offsets
+    of the scratch (a pass running past its matrix written over by the next; the last one reaching the
+    stack's 128-row padding) within the scratch, in stack order; the product reads the whole upload at
+    binding 1 as the first matrix's type, copies the rows (WCOPY) and splits q|k|v."""
+    K, T = 512, 300
+    ts = _qkv(sizes, K)
+    rb = [KM.row_bytes(t.qtype, K) for t in ts]
+    layout = KM.stack_layout(ts)
+    raw = storage(gpu, layout[-1][0] + layout[-1][1] + 64)
+    rec = _Layout(kernels)
+    xq = storage(gpu, 4 * T * KQ.words(K))
+    outs = [storage(gpu, 4 * T * n) for n in sizes]
+    ds = KMQ.stacked_dispatches(rec, ts, [(raw, 0, sum(sizes))], xq, outs, None, T, tile=KMA.WC_TILE)
+    assert [d.pipeline[:2] for d in ds] == [("q8_f16", None), ("mma_dequant", "q4_k"), ("mma_dequant", "q4_k"),
+                                            ("mma_dequant", "q6_k"), ("gemm_mma", "q4_k")]
+    assert ds[-1].label == f"mmq_q4_k+q6_k_stacked {'+'.join(map(str, sizes))}x{K}" and ds[-1].pipeline[2] == "true"
+    x16, w16 = ds[-1].bind_group[12], ds[-1].bind_group[13]
+    assert x16 is ds[0].bind_group[2] and ds[-1].bind_group[1] is raw and ds[-1].bind_group[2] is xq
+    assert ds[-1].bind_group[3] is outs[0] and ds[-1].bind_group[6] is outs[1] and ds[-1].bind_group[7] is outs[2]
+    N, padded = sum(sizes), -(-sum(sizes) // 128) * 128
+    assert ds[-1].groups == (padded // 128, -(-T // 128), 1)
+    written = np.zeros(w16.size // (2 * K), int)  # the pass that last wrote each f16 row
+    for i, (d, n, (off, nbytes)) in enumerate(zip(ds[1:4], sizes, layout)):
+        view, at, size = d.bind_group[1]
+        assert view is raw and at == off and size >= n * rb[i] and at % KM.STACK_ALIGN == 0
+        buf, at, size = d.bind_group[13]
+        assert buf is w16 and at % KM.STACK_ALIGN == 0 and at + size <= w16.size
+        r0, rows = at // (2 * K), size // (2 * K)
+        assert r0 == sum(sizes[:i]) and d.groups == (rows // 64, K // 512, 1) and rows >= n
+        written[r0: r0 + rows] = i + 1
+    # the last writer of each stack row is its own matrix's pass; rows up to the padding are written
+    assert (written[:N] == np.repeat([1, 2, 3], sizes)).all() and (written[N:padded] == 3).all()
+
+
+def test_lowering_runs_a_mixed_stack_as_one_product(monkeypatch):
+    """Lowering.stacked on a device with the tensor cores (a stand-in, nothing runs): a mixed stack takes
+    one product where the stack's tile copies f16 weight rows (T >= wc_min_t), three below that or with
+    INFR_MMA_WC=0; a stack of one type one product either way."""
+    from types import SimpleNamespace
+
+    from infr.gpu import tuning
+    from infr.gpu.lowering import Lowering
+    from infr.ops import MatMul
+
+    calls = []
+    monkeypatch.setattr(KMQ, "stacked_dispatches", lambda k, ts, *a, **kw: calls.append(("stacked", len(ts))) or [])
+    monkeypatch.setattr(KMQ, "mmq_dispatches", lambda k, t, *a, **kw: calls.append(("mmq", int(t.shape[0]))) or [])
+    names = ("q", "k", "v")
+    mms = [MatMul(src="x", dst=f"{n}_out", weight=n, q8=True) for n in names]
+
+    monkeypatch.setattr(KM, "stack_parts", lambda tensors, chunks: [[("view", 0, int(t.shape[0]))] for t in tensors])
+
+    def lower(T, types):
+        ts = dict(zip(names, _qkv((4096, 1024, 1024), 4096, types)))
+        dev = _h100()
+        be = SimpleNamespace(kern=SimpleNamespace(dev=dev), dev=dev, gf=SimpleNamespace(tensor=ts.get),
+                             weights={names: [("upload", 0, 6144)]}, stack_bias={},
+                             buffers={b: [object()] for b in ["x"] + [m.dst for m in mms]})
+        low = Lowering(be, T)
+        low.q8 = (be.buffers["x"][0], 4096, "xq")  # the norm before wrote x rounded: no quantize dispatch
+        calls.clear()
+        low.stacked(mms, names)
+        return list(calls)
+
+    mixed, same = (Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_K,) * 3
+    three = [("mmq", 4096), ("mmq", 1024), ("mmq", 1024)]
+    assert lower(512, mixed) == three  # MmaTuning.mixed is off by default
+    assert lower(512, same) == [("stacked", 3)]
+    with tuning.override(mma=KMA.MmaTuning(mixed=True)):
+        _mixed_lowering(lower, mixed, same, three)
+
+
+def _mixed_lowering(lower, mixed, same, three):
+    assert lower(512, mixed) == [("stacked", 3)]
+    assert lower(128, mixed) == three
+    assert lower(512, same) == lower(128, same) == [("stacked", 3)]
+    with tuning.override(mma=KMA.MmaTuning(wc=False, mixed=True)):
+        assert lower(512, mixed) == three
 
 
 KP_TILES = (KMA.MmaTile(64, 32, 4, 2, 1, 8, 0, 0, 4), KMA.MmaTile(64, 32, 4, 2, 2, 8, 0, 0, 2),

@@ -19,6 +19,7 @@ import pytest
 
 from infr.cpu import ops as F
 from infr.gpu import kernels_attention as KA
+from infr.gpu import kernels_attn_mma as KAM
 from infr.gpu import kernels_misc as M
 from infr.gpu.runtime import Kernels, read, run, storage
 from infr.models.spec import RopeSpec, RopeStyle
@@ -185,6 +186,8 @@ def test_attention_kernels_paged(gpu, kernels, tune, case, shape, bs, window):
         "tiled_M64": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=2, tiling=(64, 4, 2))],
         "tiled_old": [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=1)],
     }
+    if KAM.takes(gpu, hd, vd, KAM.shape(n_heads, kv_heads)):  # the tensor cores' kernel (Dawn on NVIDIA)
+        lowerings["tiled_mma"] = [KA.tiled_dispatch(kernels, qb, kcb, vcb, out, pg, *args, kernel=3)]
     for name, ds in lowerings.items():
         gpu.device.queue.write_buffer(out, 0, np.full(T * n_heads * vd, np.nan, np.float32))
         run(gpu, ds)
@@ -206,7 +209,8 @@ def test_tiled_block_of_one_sequence_walks_its_keys_once(gpu, kernels):
     out = storage(gpu, batch.T * n_heads * vd * 4)
     want = _reference(q, kc, vc, pool, batch, n_heads, 0.125, 40, None)
     used = np.concatenate([vc[pool.rows_of(s, n)] for s, n in lengths.items()])
-    for kernel, tiling in ((1, None), (2, None), (2, (64, 4, 2))):
+    mma = [(3, None), (3, (32, 32))] if KAM.takes(gpu, hd, vd, KAM.shape(n_heads, kv_heads)) else []
+    for kernel, tiling in [(1, None), (2, None), (2, (64, 4, 2))] + mma:
         d = KA.tiled_dispatch(kernels, _buf(gpu, q), _buf(gpu, kc.view(np.uint32)), _buf(gpu, vc.view(np.uint32)),
                               out, _paging(gpu, batch, pool), n_heads, kv_heads, hd, vd, 0.125, 40, None, batch.T,
                               kernel=kernel, tiling=tiling)

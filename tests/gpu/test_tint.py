@@ -236,6 +236,41 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
     assert not errors, errors
 
 
+MIXED_STACKS = ((Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q5_K, Q.Q5_K, Q.Q6_K), (Q.IQ4_XS, Q.IQ4_XS, Q.Q6_K), (Q.Q4_0, Q.Q8_0))
+
+
+def test_mma_mixed_stack_kernels_pass_tint(gpu, tint):  # noqa: F811
+    """A mixed q|k|v stack's one product on WC_TILE (kernels_mmq.mixed_tile): the dispatches the engine
+    builds (the token pass, each matrix's dequant pass, the split kernel compiled for the first type,
+    which copies f16 weight rows and never runs its reader) compile in Tint."""
+    from types import SimpleNamespace
+
+    if "chromium-experimental-subgroup-matrix" not in tint.features:
+        pytest.fail("Dawn's Null adapter lists no subgroup matrices: this wgpudawn cannot check the kernel")
+    asked: set = set()
+
+    class Rec(_Recorder):  # binds nothing either: the pipelines are not compiled here
+        def bind(self, pipeline, res):
+            return list(res)
+
+    rec = Rec(gpu, asked)
+    K, T = 512, 300
+    for types in MIXED_STACKS:
+        ts = [SimpleNamespace(qtype=q, shape=(n, K)) for q, n in zip(types, (256, 128, 128))]
+        raw = R.storage(gpu, 4096 * K)
+        outs = [R.storage(gpu, 4 * T * n) for n in (256, 128, 128)[:len(ts)]]
+        ds = KMQ.stacked_dispatches(rec, ts, [(raw, 0, 512)], R.storage(gpu, 4 * T * K), outs, None, T,
+                                    tile=KMA.WC_TILE)
+        assert len(ds) == 2 + len(ts) and ds[-1].label.startswith(f"mmq_{KM.wgsl_name(types[0])}+")
+    kernels = {(k[0], dict(k[2]).get("QTYPE"), dict(k[2]).get("SPLIT_DECL", "")) for k in asked}
+    firsts = {KM.wgsl_name(t[0]) for t in MIXED_STACKS}
+    assert {q for n, q, _ in kernels if n == "gemm_mma"} == firsts  # compiled for each stack's first type
+    assert all(split for n, _, split in kernels if n == "gemm_mma")
+    assert {q for n, q, _ in kernels if n == "mma_dequant"} == {KM.wgsl_name(q) for t in MIXED_STACKS for q in t}
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
 def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
     """The MoE kernels: the router, the grouping of prompt batches, the rows around the experts, the
     shared expert's gate, the expert-indexed GEMV (plain and gate||up) and f32 matmul of every type,
@@ -282,5 +317,21 @@ def test_tiled_attention_kernels_pass_tint(gpu, tint):  # noqa: F811
         for tiling in ((8, 2, 2), KA.TILED2_SMALL):
             KA.tiled_pipeline(rec, *shape, 32, 2, tiling)
     assert {k[0] for k in asked} == {"attn_tiled", "attn_tiled2"}
+    errors = _tint_errors(tint, asked)
+    assert not errors, errors
+
+
+def test_mma_attention_kernel_passes_tint(gpu, tint):  # noqa: F811
+    """attn_mma (the tensor cores' prefill attention, Dawn only) on the real models' head shapes and
+    others of whole 16-value matrices, at its default tiling and the others INFR_ATTN_MMA may pick."""
+    if "chromium-experimental-subgroup-matrix" not in tint.features:
+        pytest.fail("Dawn's Null adapter lists no subgroup matrices: this wgpudawn cannot check the kernel")
+    asked: set = set()
+    rec = _Recorder(gpu, asked)
+    for shape in [(32, 8, 64, 64), (32, 8, 128, 128), (16, 2, 128, 128), (12, 2, 128, 128), (8, 1, 256, 256),
+                  (8, 4, 256, 128), (4, 2, 96, 64)]:
+        for tiling in (None, (32, 32), (128, 32), (64, 64)):
+            KA.tiled_pipeline(rec, *shape, 16, 3, tiling)
+    assert {k[0] for k in asked} == {"attn_mma"}
     errors = _tint_errors(tint, asked)
     assert not errors, errors
