@@ -58,24 +58,24 @@ fn put8(e: u32, w: vec4<u32>) {
     }
 }
 
-// K (or with `is_v` V) rows of keys kb .. kb + BK of the sequence at table tb, 16 bytes a load; keys outside
-// [lo, hi) zeros, their rows never read (zero V rows keep p = 0 times a poisoned row out of the sums).
-fn load_rows(is_v: bool, kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
+// K (or with `is_v` V) rows of keys kb .. kb + BK of the walk's sequence, 16 bytes a load; keys outside
+// [w.lo, w.hi) zeros, their rows never read (zero V rows keep p = 0 times a poisoned row out of the sums).
+fn load_rows(is_v: bool, kb: u32, w: SeqWalk, kvh: u32, tid: u32) {
     let W = select(HD, VD, is_v) / 8u;  // vec4 words a row
     for (var i = tid; i < BK * W; i += WG) {
         let r = i / W;
         let c = i % W;
-        var w = vec4<u32>(0u);
+        var words = vec4<u32>(0u);
         let p = kb + r;
-        if (p >= lo && p < hi) {
-            let at = (cache_row(tb, p) * params.kv_heads + kvh) * W + c;
+        if (p >= w.lo && p < w.hi) {
+            let at = (cache_row(w.tb, p) * params.kv_heads + kvh) * W + c;
             if (is_v) {
-                w = vcache[at];
+                words = vcache[at];
             } else {
-                w = kcache[at];
+                words = kcache[at];
             }
         }
-        put8(r * LDK + 8u * c, w);
+        put8(r * LDK + 8u * c, words);
     }
 }
 
@@ -145,18 +145,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             continue;
         }
         let w = seq_walk(t0, r, nq, BK);  // tiles from a multiple of BK over the sequence's union of key ranges
-        let slot = w.slot;
-        let u_lo = w.lo;
-        let u_hi = w.hi;
-        let blk_lo = w.first;
-        let tb = w.tb;
-        let mine = slot_of == slot;
+        let mine = slot_of == w.slot;
 
         // Pass 1: online (max, sum) of this lane's slot over its half of each tile.
         var ml = vec2<f32>(NEG_BIG, 0.0);
-        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+        for (var kb = w.first; kb < w.hi; kb += BK) {
             workgroupBarrier();  // kv and sc free
-            load_rows(false, kb, u_lo, u_hi, kvh, tid, tb);
+            load_rows(false, kb, w, kvh, tid);
             workgroupBarrier();
 {{SCORES}}
             workgroupBarrier();
@@ -179,13 +174,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let row = merge_ml(ml, vec2<f32>(subgroupShuffleXor(ml.x, 16u), subgroupShuffleXor(ml.y, 16u)));
 
         // Pass 2: p = f16(exp(s - max) / sum) into pr, then O += P V.
-        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+        for (var kb = w.first; kb < w.hi; kb += BK) {
             workgroupBarrier();  // kv, sc and pr free
-            load_rows(false, kb, u_lo, u_hi, kvh, tid, tb);
+            load_rows(false, kb, w, kvh, tid);
             workgroupBarrier();
 {{SCORES}}
             workgroupBarrier();  // scores stored, K read by all
-            load_rows(true, kb, u_lo, u_hi, kvh, tid, tb);
+            load_rows(true, kb, w, kvh, tid);
             let s = lane_scores(sb, lane, kb, lo, hi, mine);
             let prow = pb + (lane % 16u) * LDP + HK * (lane / 16u);
             for (var b = 0u; b < HK; b++) {

@@ -63,16 +63,16 @@ var<workgroup> qs: array<u32, M * QS>;
 var<workgroup> kv: array<u32, KVN>;
 var<workgroup> probs: array<u32, M * PS>;
 
-// K rows of keys kb .. kb + BK of the sequence at table tb, 16 bytes a load (HD % 8 == 0); keys
-// outside [lo, hi) zeros, their rows never read.
-fn load_k(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
+// K rows of keys kb .. kb + BK of the walk's sequence, 16 bytes a load (HD % 8 == 0); keys
+// outside [w.lo, w.hi) zeros, their rows never read.
+fn load_k(kb: u32, w: SeqWalk, kvh: u32, tid: u32) {
     for (var i = tid; i < BK * (HW / 4u); i += WG) {
         let r = i / (HW / 4u);
         let c = i % (HW / 4u);
         var words = vec4<u32>(0u);
         let p = kb + r;
-        if (p >= lo && p < hi) {
-            words = kcache[(cache_row(tb, p) * params.kv_heads + kvh) * (HW / 4u) + c];
+        if (p >= w.lo && p < w.hi) {
+            words = kcache[(cache_row(w.tb, p) * params.kv_heads + kvh) * (HW / 4u) + c];
         }
         let e = r * KVW + 4u * c;
         kv[e] = words.x;
@@ -83,14 +83,14 @@ fn load_k(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
 }
 
 // V rows likewise, 8 bytes a load (VD % 4 == 0).
-fn load_v(kb: u32, lo: u32, hi: u32, kvh: u32, tid: u32, tb: u32) {
+fn load_v(kb: u32, w: SeqWalk, kvh: u32, tid: u32) {
     for (var i = tid; i < BK * (VW / 2u); i += WG) {
         let r = i / (VW / 2u);
         let c = i % (VW / 2u);
         var words = vec2<u32>(0u);
         let p = kb + r;
-        if (p >= lo && p < hi) {
-            words = vcache[(cache_row(tb, p) * params.kv_heads + kvh) * (VW / 2u) + c];
+        if (p >= w.lo && p < w.hi) {
+            words = vcache[(cache_row(w.tb, p) * params.kv_heads + kvh) * (VW / 2u) + c];
         }
         let e = r * KVW + 2u * c;
         kv[e] = words.x;
@@ -170,14 +170,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             continue;
         }
         let w = seq_walk(t0, r, nq, BK);  // tiles from a multiple of BK over the sequence's union of key ranges
-        let slot = w.slot;
-        let u_lo = w.lo;
-        let u_hi = w.hi;
-        let blk_lo = w.first;
-        let tb = w.tb;
         var mine: array<bool, QPI>;
         for (var i = 0u; i < QPI; i++) {
-            mine[i] = slot_of[i] == slot;
+            mine[i] = slot_of[i] == w.slot;
         }
 
         // Pass 1: online (max, sum) per slot over this lane's keys.
@@ -185,9 +180,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var i = 0u; i < QPI; i++) {
             ml[i] = vec2<f32>(NEG_BIG, 0.0);
         }
-        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+        for (var kb = w.first; kb < w.hi; kb += BK) {
             workgroupBarrier();
-            load_k(kb, u_lo, u_hi, kvh, tid, tb);
+            load_k(kb, w, kvh, tid);
             workgroupBarrier();
             let s = scores(qg, lane);
             for (var i = 0u; i < QPI; i++) {
@@ -229,9 +224,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 
         // Pass 2: p = f16(exp(s - max) / sum) as f16 pairs, then p . V.
-        for (var kb = blk_lo; kb < u_hi; kb += BK) {
+        for (var kb = w.first; kb < w.hi; kb += BK) {
             workgroupBarrier();  // kv and probs free (the previous tile's p . V, or the merge, read them)
-            load_k(kb, u_lo, u_hi, kvh, tid, tb);
+            load_k(kb, w, kvh, tid);
             workgroupBarrier();
             let s = scores(qg, lane);
             for (var i = 0u; i < QPI; i++) {
@@ -249,7 +244,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 }
             }
             workgroupBarrier();  // K read by all
-            load_v(kb, u_lo, u_hi, kvh, tid, tb);
+            load_v(kb, w, kvh, tid);
             workgroupBarrier();
             for (var jw = 0u; jw < BK / 2u; jw++) {
                 let r0 = (jw % 16u + 32u * (jw / 16u)) * KVW;  // the word's two keys (as written above)
