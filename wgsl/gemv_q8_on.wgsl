@@ -5,7 +5,7 @@
 // of its NT tokens' rounded rows; the host keeps every chunk to whole blocks (row0 and N % 32 == 0)
 // and the matrix to whole 64-value groups of the layout. A token's rounded row is the whole
 // output's width, y_stride values (every chunk of the matrix together).
-// #include q8_head_{{Q8_ROUND}}
+// #include q8_block
 // #include q8_layout
 
 @group(0) @binding(7) var<storage, read_write> yq: array<u32>;
@@ -32,33 +32,16 @@ fn q8_rows(tid: u32, block: u32, t0: u32) {
     if (live) {
         vals = vec4<f32>(q8_vals[o], q8_vals[o + 1u], q8_vals[o + 2u], q8_vals[o + 3u]);
     }
-    let a = abs(vals);
-    if (mine) {
-        q8_amax[tid] = max(max(a.x, a.y), max(a.z, a.w));
-    }
-    workgroupBarrier();
-    var m = 0.0;
-    for (var k = 0u; k < 8u; k++) {
-        m = max(m, q8_amax[8u * j + k]);
-    }
-// #include q8_round_{{Q8_ROUND}}
-    if (mine) {
-        q8_isum[tid] = q.x + q.y + q.z + q.w;
-    }
-    workgroupBarrier();
+    let b = q8_block(vals, tid, 8u * j, mine);
     if (live) {
         let width = params.y_stride;  // values of a token's rounded row
         let row = (t0 + j) * (width / 4u + width / 16u);
         let v = params.row0 + block * 32u + 4u * (tid % 8u);  // the first of the 4 values
-        yq[q8_word_at(row, v)] = q8_word(q);
+        yq[q8_word_at(row, v)] = q8_word(b.q);
         if (tid % 8u == 0u) {
-            var s = 0;
-            for (var k = 0u; k < 8u; k++) {
-                s += q8_isum[tid + k];
-            }
             let so = q8_scale_at(row, width, v);
-            yq[so] = bitcast<u32>(d);
-            yq[so + 1u] = bitcast<u32>(d * f32(s));
+            yq[so] = bitcast<u32>(b.d);
+            yq[so + 1u] = bitcast<u32>(b.d * f32(b.s));
         }
     }
 }
