@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as Q
 
-from infr.gpu.kernels_matmul import GemvTuning, _max_groups, as_qtype, expert_include, row_bytes
+from infr.gpu import kernels_matmul as KM  # (a cycle: kernels_matmul dispatches here; names read at call time)
 from infr.gpu.runtime import Kernels
 
 # Float types the float GEMV (wgsl/gemv_float.wgsl) runs: its dot of one 16-byte load, and the
@@ -43,18 +43,18 @@ def float_gemv_team(rows: int, rb: int, y_groups: int, max_groups: int) -> int:
 
 def float_gemv_consts(qtype, team: int, nt: int, sg: int, expert: bool = False) -> dict:
     """gemv_float.wgsl's constants: `team` lanes a row, `nt` tokens a workgroup, subgroup size `sg` (0: none)."""
-    wdot, xv = FLOAT_GEMV[as_qtype(qtype)]
+    wdot, xv = FLOAT_GEMV[KM.as_qtype(qtype)]
     return dict(TEAM=team, NT=nt, U=FLOAT_GEMV_U, SG=sg, SUBGROUP_ADD="subgroupAdd" if sg else "no_subgroups",
-                XV=xv, WDOT=wdot, EXPERT=expert_include(expert))
+                XV=xv, WDOT=wdot, EXPERT=KM.expert_include(expert))
 
 
 def float_gemv_pipeline(kernels: Kernels, qtype, rows: int, K: int, T: int = 1, expert: bool = False):
     """The float GEMV over `rows` rows of K values (a weight chunk, or one expert's) for batches of T
     (expert: T pairs, one a workgroup), with GemvTuning's SG, NT and UNCHECKED; its rows and tokens
     per workgroup."""
-    t = GemvTuning.for_device(kernels.dev)
+    t = KM.GemvTuning.for_device(kernels.dev)
     nt = 1 if expert else t.tokens(T)
-    team = float_gemv_team(rows, row_bytes(qtype, K), -(-T // nt), _max_groups(kernels.dev))
+    team = float_gemv_team(rows, KM.row_bytes(qtype, K), -(-T // nt), KM.max_groups(kernels.dev))
     pipe = kernels.pipeline("gemv_float", "main", unchecked=bool(t.UNCHECKED),
                             **float_gemv_consts(qtype, team, nt, t.SG, expert))
     return pipe, FLOAT_GEMV_WG // team, nt

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType as Q
 
 from infr.errors import UnsupportedError
 from infr.numerics import Q8_ACTIVATIONS, gelu_f16_table
+from infr.gpu import kernels_gemv_float as KGF
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import tuning as TU
 from infr.gpu.device import Device
@@ -299,7 +300,7 @@ def params_embed(K: int, rows: int, row0: int, row_bytes: int, scale: float, T: 
     ])
 
 
-def _max_groups(dev: Device) -> int:
+def max_groups(dev: Device) -> int:
     return int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
 
 
@@ -329,7 +330,7 @@ def upload_weight(dev: Device, tensor, max_binding: int | None = None, label: st
         raise UnsupportedError(f"{tensor.name}: rows of {raw.shape[1]} bytes, expected {rb} for {q.name}")
     limit = dev.max_binding if max_binding is None else int(max_binding)
     # binding_for_rows(rows, rb) <= limit: the whole buffer, padded and with its tail, is bound
-    per_chunk = min((limit - WEIGHT_TAIL) // 16 * 16 // rb, _max_groups(dev) * rows_per_workgroup(q))
+    per_chunk = min((limit - WEIGHT_TAIL) // 16 * 16 // rb, max_groups(dev) * rows_per_workgroup(q))
     if per_chunk < 1:
         raise UnsupportedError(f"{tensor.name}: one row ({rb} bytes) exceeds the storage binding limit {limit}")
     chunks = []
@@ -386,8 +387,6 @@ def matmul_dispatches(
     (x is then unread). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
     F32 / F16 / BF16 take the float GEMV (kernels_gemv_float.has_float_gemv), the rest matmul.wgsl.
     """
-    from infr.gpu import kernels_gemv_float as KGF  # (it builds on this module)
-
     q, shape = _weight_shape(w, dims)
     if len(shape) != 3:
         raise TypeError("matmul_dispatches needs T (with a tensor) or K, N, T (with a qtype)")
