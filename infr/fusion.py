@@ -1,7 +1,8 @@
 """The plan's fusion groups: its op list cut into runs a backend may take as one kernel.
 
 Kinds: "qkv" (two or three matmuls of one input: one GEMV over stacked rows),
-"gate_up" (the gate and up matmuls and their activation), "rope_store" (rope of
+"qkv_rope_store" (a qkv of q, k and v, then the rope_store of those three: the GEMV may rotate and
+store them itself), "gate_up" (the gate and up matmuls and their activation), "rope_store" (rope of
 q and k, then the KV store of that k), "norm_rope_store" (a rope_store with the
 per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
 "residual" (a matmul or MoE and the add of its output into the stream), "norm_residual"
@@ -24,8 +25,12 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 
 @dataclass(frozen=True)
 class Group:
-    kind: str  # qkv | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm | op
-    ops: tuple[Op, ...]
+    kind: str  # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual
+    ops: tuple[Op, ...]  # | norm_residual_norm | op
+
+    def stack(self) -> tuple[Op, ...]:
+        """The matmuls of a qkv or qkv_rope_store group (those run as one stacked product); () otherwise."""
+        return self.ops if self.kind == "qkv" else self.ops[:3] if self.kind == "qkv_rope_store" else ()
 
 
 def groups(ops) -> tuple[Group, ...]:
@@ -38,6 +43,8 @@ def groups(ops) -> tuple[Group, ...]:
         nrs = _norm_rope_store(ops, i)
         if is_gate_up(ops[i : i + 3]):
             g = Group("gate_up", tuple(ops[i : i + 3]))
+        elif run and _stores_stack(run, ops[i + len(run) : i + len(run) + 3]):
+            g = Group("qkv_rope_store", tuple(ops[i : i + 6]))
         elif run:
             g = Group("qkv", tuple(run))
         elif nrs:
@@ -70,6 +77,14 @@ def _stack_run(ops, i: int) -> list[MatMul]:
             break
         run.append(op)
     return run if len(run) >= 2 else []
+
+
+def _stores_stack(run: list[MatMul], ops) -> bool:
+    """q, k, v (the run), then the rope_store of exactly those three buffers."""
+    if len(run) != 3 or not is_rope_store(ops):
+        return False
+    rq, rk, st = ops
+    return (rq.buf, rk.buf, st.v) == tuple(m.dst for m in run)
 
 
 def is_gate_up(ops) -> bool:

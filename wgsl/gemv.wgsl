@@ -37,6 +37,8 @@
 // Q8_OUT (gemv_q8_on.wgsl; PAIR only, dense or EXPERT): the pair's output also rounded to 8 bits
 // for the down projection's GEMV, its quantize dispatch fused; the workgroup is then 32 teams
 // (WG 1024), so its 32 rows are one whole 32-value block of the rounded layout.
+// ROPE_OUT (gemv_rope_on.wgsl; SPLIT only): q and k rotated and k, v stored in the KV cache in the
+// epilogue, the rope_kv dispatch fused.
 // dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1), numbered by grid_cell (matmul_common).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -50,6 +52,7 @@
 {{ACT_TABLE}}
 {{EXPERT}}
 {{Q8_OUT}}
+{{ROPE_OUT}}
 
 const R: u32 = {{R}}u;        // weight rows per team
 const U: u32 = {{U}}u;        // block steps unrolled
@@ -356,4 +359,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     q8_rows(tid, cell.x, t0);
+    rope_rows(tid, cell.x, t0);
 }

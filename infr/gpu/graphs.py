@@ -103,14 +103,22 @@ class Graphs:
         for g in self.plan.groups:  # the runs the plan names for fusion (infr/fusion.py)
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
             lower.ahead, lower.ahead2 = _next_two(ops, i)
-            stack = tuple(m.weight for m in g.ops) if g.kind == "qkv" else None
+            stack = tuple(m.weight for m in g.stack()) or None
             fused = None
             if g.kind == "gate_up":  # ahead: what reads the pair's output (down's GEMV: the pair rounds it too)
                 lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)
                 fused = lower.gate_up(*g.ops)
             if g.kind == "norm_rope_store":  # QK-norms, rope(q), rope(k), kv store in one dispatch
                 fused = lower.norm_rope_store(g.ops)
-            if stack in self.stacks:  # q, k, v from one GEMV over stacked rows
+            if g.kind == "qkv_rope_store":  # q, k, v from one GEMV that also rotates and stores them
+                rope = g.ops[3:]
+                fused = lower.stacked(list(g.stack()), stack, rope) if stack in self.stacks else None
+                if fused is None:  # the stack, then rope(q), rope(k) and the store: two groups' kernels
+                    body += (lower.stacked(list(g.stack()), stack) if stack in self.stacks
+                             else [d for op in g.stack() for d in lower.op(op)])
+                    fused = lower.rope_store(*rope)
+                body += fused
+            elif stack in self.stacks:  # q, k, v from one GEMV over stacked rows
                 body += lower.stacked(list(g.ops), stack)
             elif fused is not None:  # act(Wg·h) * (Wu·h) (or the norms and ropes) in one dispatch
                 body += fused

@@ -126,13 +126,17 @@ class GemvTuning:
     # dispatch fewer a layer (INFR_GEMV_Q8=1); 0: the quantize dispatch, the default until its 1024-invocation
     # workgroups are timed on a GPU (perf/gate_up_q8_bench.py).
     Q8: int = 0
+    # 1: the q|k|v GEMV rotates q and k and stores k and v in the KV cache itself (gemv_rope_on.wgsl,
+    # kernels_qkv_rope), one rope_kv dispatch fewer a layer of "norm" rope (llama) (INFR_GEMV_ROPE=1);
+    # 0: the rope_kv dispatch, the default until a GPU times it.
+    ROPE: int = 0
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":
-        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED", "Q8")
+        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED", "Q8", "ROPE")
         t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in keys if env.get(f"INFR_GEMV_{k}")})
         if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or t.UB not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
-                or t.UNCHECKED not in (0, 1) or t.Q8 not in (0, 1)):
+                or t.UNCHECKED not in (0, 1) or t.Q8 not in (0, 1) or t.ROPE not in (0, 1)):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
 
@@ -205,19 +209,22 @@ def _gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, 
 
 
 def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
-                  expert: bool = False, q8_out: bool = False):
+                  expert: bool = False, q8_out: bool = False, rope: dict | None = None):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
     split's segment types) for a plain product, the fused gate||up with
     activation `pair_act`, or the stacked q|k|v with `split`, for batches of
     T tokens; its output rows per workgroup and its tokens per workgroup.
     `expert`: rows of an expert bank picked per token by the router (kernels_moe; one token a workgroup).
-    `q8_out` (a pair, dense or over expert banks; pair_rounds): the output also rounded, into binding 7."""
+    `q8_out` (a pair, dense or over expert banks; pair_rounds): the output also rounded, into binding 7.
+    `rope` (a split: kernels_qkv_rope's consts): q and k rotated, k and v stored in the KV cache too."""
     t = GemvTuning.for_device(kernels.dev)
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
     pair = pair_act is not None
     if q8_out and not pair:
         raise ValueError("only the gate||up pair writes its output rounded")
+    if rope is not None and not split:
+        raise ValueError("only the q|k|v split rotates and stores its rows")
     nt = 1 if expert else t.tokens(T)
     U = t.U if nt == 1 else t.UB
     wg, R, partial = _gemv_shape(t, pair, nt, q8_out)
@@ -230,7 +237,9 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         W2="@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;" if pair else "",
         W2_VEC="if (slot == 1u) { return w2[i]; }" if pair else "",
         W2_WORD="if (slot == 1u) { return w2[a >> 4u][(a >> 2u) & 3u]; }" if pair else "",
-        SPLIT_DECL="// #include gemv_split" if split else "", STORE="store_split" if split else "store_row",
+        SPLIT_DECL="// #include gemv_split" if split else "",
+        STORE="rope_keep" if rope is not None else "store_split" if split else "store_row",
+        ROPE_OUT=f"// #include gemv_rope_{'off' if rope is None else 'on'}", **(rope or {}),
         EXPERT=expert_include(expert),
         READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
         PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
@@ -531,14 +540,15 @@ def stack_parts(tensors, chunks) -> list[list[tuple]]:
             for t, (off, n) in zip(tensors, stack_layout(tensors))]
 
 
-def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, xq=None) -> list[Dispatch]:
+def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, xq=None, rope=None) -> list[Dispatch]:
     """ys[i][t] = W_i @ x[t] (+ bias) for the stacked matrices in one dispatch;
-    `bias` is one buffer with every matrix's rows (zeros where one has none)."""
+    `bias` is one buffer with every matrix's rows (zeros where one has none). `rope`
+    (kernels_qkv_rope.StackRope): q and k rotated and k, v stored in the KV cache in the same dispatch."""
     qs = [as_qtype(t.qtype) for t in tensors]
     K = int(tensors[0].shape[-1])
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T)
+    pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T, rope=rope.consts() if rope else None)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
     layout = stack_layout(tensors) + [(0, 0)]
@@ -554,9 +564,10 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, x
     none = _no_bias(kernels)
     # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
     outs = list(ys) + [_no_output(kernels)] * (3 - len(ys))
-    bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2]])
+    extra = rope.bindings(kernels) if rope else []
+    bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2], *extra])
     name = wgsl_name(qs[0]) if not is_mixed(tensors) else "_".join(dict.fromkeys(wgsl_name(q) for q in qs))
-    label = f"gemv_{name}_stacked {'+'.join(map(str, sizes))}x{K}"
+    label = f"gemv_{name}_stacked{'_rope_kv' if rope else ''} {'+'.join(map(str, sizes))}x{K}"
     return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), -(-T // nt), 1), label, sum(n for _, n in layout))]
 
 

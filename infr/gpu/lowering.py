@@ -26,6 +26,7 @@ from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import kernels_qkv_rope as KQR
 from infr.gpu.runtime import Dispatch
 from infr.models.spec import RopeSpec, RopeStyle
 from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, PerLayerInputs, PLEGate,
@@ -146,8 +147,13 @@ class Lowering:
         bias = be.weights[mm.bias][0] if mm.bias else None
         return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, mm.q8, resid=resid)
 
-    def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
+    def stacked(self, mms: list[MatMul], names: tuple, rope: tuple | None = None) -> list[Dispatch] | None:
+        """q|k|v as one stacked product, by the kernel this batch takes. With `rope` (a qkv_rope_store
+        group's rope q, rope k and store): that product rotating and storing them too
+        (kernels_qkv_rope), or None where it does not (the caller runs both groups' kernels)."""
         be = self.be
+        if rope is not None:
+            return self._stacked_rope(mms, names, *rope)
         x = self.current(mms[0].src)
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
@@ -173,6 +179,24 @@ class Lowering:
         pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8)
         return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                            self.rows, xq=xq)
+
+    def _stacked_rope(self, mms: list[MatMul], names: tuple, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch] | None:
+        be, r = self.be, rq.rope
+        a = be.plan.spec.layers[st.layer].attention
+        tensors = [be.gf.tensor(n) for n in names]
+        K = int(tensors[0].shape[-1])
+        if (any(KMQ.use_mmq(self.rows, be.dev, t, m.q8) for m, t in zip(mms, tensors)) or KG.use_gemm(self.rows, be.dev)
+                or not all(KM.has_gemv(t.qtype, K) for t in tensors)
+                or not KQR.takes(be.dev, _style(r), rq.n_heads, rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot)):
+            return None  # the stack is no int8 GEMV here, or its rope is not the epilogue's
+        x = self.current(mms[0].src)
+        ys = [self.target(m.dst, m.src) for m in mms]
+        factors = be.weights[r.freq_factors][0] if r.freq_factors else None
+        rope = KQR.StackRope(be.k_cache[st.layer], be.v_cache[st.layer], be.kv.paging_of(st.layer), rq.n_heads,
+                             rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, factors)
+        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8)
+        return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
+                                           self.rows, xq=xq, rope=rope)
 
     def gate_up(self, mg: MatMul, mu: MatMul, act: GatedAct) -> list[Dispatch] | None:
         be = self.be
@@ -366,6 +390,7 @@ def find_stacks(plan: Plan, gf: GGUFFile, max_binding: int) -> dict[tuple, tuple
                                f"no GPU kernels yet (run it with --backend cpu)")
     out = {}
     for g in plan.groups:
-        if g.kind == "qkv" and KM.can_stack([gf.tensor(m.weight) for m in g.ops], max_binding):
-            out[tuple(m.weight for m in g.ops)] = tuple(m.bias for m in g.ops)
+        mms = g.stack()
+        if mms and KM.can_stack([gf.tensor(m.weight) for m in mms], max_binding):
+            out[tuple(m.weight for m in mms)] = tuple(m.bias for m in mms)
     return out
