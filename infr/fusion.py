@@ -25,8 +25,9 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 
 @dataclass(frozen=True)
 class Group:
-    kind: str  # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual
-    ops: tuple[Op, ...]  # | norm_residual_norm | op
+    # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm | op
+    kind: str
+    ops: tuple[Op, ...]
 
     def stack(self) -> tuple[Op, ...]:
         """The matmuls of a qkv or qkv_rope_store group (those run as one stacked product); () otherwise."""

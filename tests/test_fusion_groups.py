@@ -1,6 +1,6 @@
 """The plan's fusion groups (infr/fusion.py) on the three real models: they cut the
 body into runs without losing or reordering an op, and each layer's runs are the
-ones its family fuses on the GPU (q|k|v stacked, rope + KV store, gate||up, the
+ones its family fuses on the GPU (q|k|v stacked with rope + KV store after it, gate||up, the
 residual adds folded into the matmuls before them; Gemma-3's post-norms take its
 residual adds, and its QK-norms join rope + KV store)."""
 
@@ -14,7 +14,7 @@ from infr.models import build_spec
 from infr.ops import MatMul
 from infr.plan import build_plan
 
-LLAMA_LAYER = ["op:RMSNorm", "qkv", "rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
+LLAMA_LAYER = ["op:RMSNorm", "qkv_rope_store", "op:Attention", "residual", "op:RMSNorm", "gate_up", "residual"]
 # Gemma-3's post-norms take the norm of the new stream after them too: the pre-FFN norm, and the next
 # layer's input norm (so the first layer's input norm stands alone and the last layer's post-norm ends
 # the body without one).
@@ -41,8 +41,8 @@ def test_groups_cover_the_body_in_order(request, fixture):
     kinds = [_kind(g) for g in groups]
     assert kinds == _expected(fixture, len(plan.spec.layers))
     for g in groups:
-        if g.kind == "qkv":  # every product reads the norm's output; the stack ends at v
-            assert len({m.src for m in g.ops}) == 1 and [m.dst for m in g.ops] == ["q", "k", "v"]
+        if g.stack():  # every product reads the norm's output; the stack ends at v
+            assert len({m.src for m in g.stack()}) == 1 and [m.dst for m in g.stack()] == ["q", "k", "v"]
         if g.kind == "residual":
             mm, add = g.ops
             assert isinstance(mm, MatMul) and add.dst == "x" and mm.dst in (add.a, add.b)

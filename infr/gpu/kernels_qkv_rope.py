@@ -1,10 +1,11 @@
 """The q|k|v GEMV that also rotates q and k and stores k and v in the KV cache (wgsl/gemv_rope_on.wgsl):
 fusion.py's qkv_rope_store group (a qkv stack, then its rope_store) in one dispatch where the stack runs
 the int8 GEMV, instead of the GEMV and a rope_kv dispatch. Decode is bound by its dispatches
-(perf/h200/decode-encode-vs-gpu-*): a llama layer's 8 become 7.
+(perf/h200/decode-encode-vs-gpu-*): one fewer a llama layer.
 
 Where it applies (takes): GemvTuning.ROPE, "norm" rope (pairs 2i, 2i + 1, so a pair's two rows are in
-one GEMV workgroup; NEOX pairs lie half a head apart), even head dims, n_rot and q / k segment sizes.
+one GEMV workgroup; NEOX pairs lie half a head apart), even head dims and n_rot (so no pair of rows
+crosses from q to k or k to v).
 Elsewhere the two dispatches run as before.
 """
 from __future__ import annotations
@@ -50,12 +51,15 @@ class StackRope:
 
 def takes(dev, style: str, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, n_rot: int) -> bool:
     """Whether the q|k|v GEMV takes the rope and the KV store of these heads on `dev` (the module's
-    docstring): its 13 storage buffers fit the device's limit too."""
+    docstring; head dims up to rope_kv's 512): its 13 storage buffers fit the device's limit, and its
+    workgroup memory (the GEMV's reduction, the kept rows of NT tokens, the IQ4 readers' table) too."""
+    t = KM.GemvTuning.for_device(dev)
     limits = getattr(dev, "limits", None) or {}
+    _, R, partial = KM._gemv_shape(t, False, t.NT, False)
+    shared = 4 * (partial + KM.GEMV_TEAMS * R * t.NT + 16)
     return (
-        bool(KM.GemvTuning.for_device(dev).ROPE) and style == "norm"
-        and head_dim % 2 == 0 and v_head_dim % 2 == 0 and n_rot % 2 == 0 and n_rot <= head_dim
-        and (n_heads * head_dim) % 2 == 0 and (kv_heads * head_dim) % 2 == 0
-        and KM.GEMV_TEAMS * KM.GemvTuning.for_device(dev).R % 2 == 0
+        bool(t.ROPE) and style == "norm" and head_dim % 2 == 0 and v_head_dim % 2 == 0 and n_rot % 2 == 0
+        and n_rot <= head_dim and max(head_dim, v_head_dim) <= 512
         and int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= 13
+        and int(limits.get("max-compute-workgroup-storage-size", 16384)) >= shared
     )

@@ -105,8 +105,21 @@ def test_takes_norm_rope_only(gpu):
     assert KQR.takes(gpu, "norm", 32, 8, 128, 128, 128)
     assert not KQR.takes(gpu, "neox", 32, 8, 128, 128, 128)  # a pair's rows half a head apart
     assert not KQR.takes(gpu, "norm", 32, 8, 128, 128, 127)
+    assert not KQR.takes(gpu, "norm", 2, 1, 640, 640, 640)  # past rope_kv's 512 dims
     with tuning.override(gemv=replace(tuning.current().gemv, ROPE=0)):
         assert not KQR.takes(gpu, "norm", 32, 8, 128, 128, 128)
+
+
+def test_takes_only_where_the_kept_rows_fit():
+    """A tuning whose reduction fills a 16 KiB workgroup (R 2, 8 tokens, no subgroups) leaves no room
+    for the kept rows there: rope_kv stays; with 32 KiB it fits."""
+    from types import SimpleNamespace
+
+    with tuning.override(gemv=replace(tuning.current().gemv, ROPE=1, R=2, NT=8, SG=0)):
+        for size, fits in ((16384, False), (32768, True)):
+            dev = SimpleNamespace(limits={"max-storage-buffers-per-shader-stage": 16,
+                                          "max-compute-workgroup-storage-size": size})
+            assert KQR.takes(dev, "norm", 32, 8, 128, 128, 128) == fits
 
 
 MODELS = {  # preset, weight type, overrides: 256 wide, so every matrix takes the int8 GEMV
