@@ -8,8 +8,9 @@ per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
 "residual" (a matmul or MoE and the add of its output into the stream), "norm_residual"
 (a post-norm and the add of its output into the stream, and a Mul of the stream after it:
 gemma's post-norms, gemma4's layer_output_scale), "norm_residual_norm" (a norm_residual and the
-whole-row RMSNorm of the new stream after it: gemma's pre-FFN norm, the next layer's input norm) and
-"op" (one op alone). The groups are part of the plan,
+whole-row RMSNorm of the new stream after it: gemma's pre-FFN norm, the next layer's input norm),
+"norm_twins" (two whole-row RMSNorms of one input into two buffers, the second's in-place Mul after
+them: gemma4's expert input and router input, from one sum of squares) and "op" (one op alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -25,7 +26,8 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 
 @dataclass(frozen=True)
 class Group:
-    # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm | op
+    # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm
+    # | norm_twins | op
     kind: str
     ops: tuple[Op, ...]
 
@@ -61,6 +63,8 @@ def groups(ops) -> tuple[Group, ...]:
                 g = Group("norm_residual_norm", tuple(ops[i : i + n + 1]))
             else:
                 g = Group("norm_residual", tuple(ops[i : i + n]))
+        elif n := _norm_twins(ops, i):
+            g = Group("norm_twins", tuple(ops[i : i + n]))
         else:
             g = Group("op", (ops[i],))
         out.append(g)
@@ -169,3 +173,13 @@ def is_norm_residual(norm, add) -> bool:
 def is_stream_norm(op, stream: str) -> bool:
     """RMSNorm of whole rows of the stream into another buffer (a norm_residual's next norm)."""
     return isinstance(op, RMSNorm) and op.src == stream and op.group is None and op.dst != stream
+
+
+def _norm_twins(ops, i: int) -> int:
+    """How many ops from ops[i] form a norm_twins group: RMSNorm(a, x), RMSNorm(b, x) of whole rows with
+    one eps into two other buffers (3 with a Mul of b after them); 0 if they do not."""
+    a, b = ops[i : i + 2] if i + 1 < len(ops) else (None, None)
+    if not (isinstance(a, RMSNorm) and isinstance(b, RMSNorm) and a.src == b.src and a.eps == b.eps
+            and a.group is None and b.group is None and len({a.src, a.dst, b.dst}) == 3):
+        return 0
+    return 3 if i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == b.dst else 2

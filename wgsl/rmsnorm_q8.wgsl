@@ -4,7 +4,8 @@
 // % 256 == 0. Workgroup j of a token writes values [1024 j, 1024 j + 1024);
 // each sums the whole row's squares itself (the same sum in the same order
 // in every workgroup), which is quicker than one workgroup doing every
-// slice in turn: dispatch (ceil(width / 1024), T, 1).
+// slice in turn: dispatch (ceil(width / 1024), T, 1). TWIN (rmsnorm_twin_on.wgsl): a second
+// norm of the row, another weight, written beside it.
 
 struct Params {
     width: u32,
@@ -12,6 +13,8 @@ struct Params {
     eps: f32,
     T: u32,
     q_stride: u32,  // xq words between tokens
+    scale: f32,     // TWIN's
+    w2_width: u32,
 }
 
 const WG: u32 = 256u;
@@ -23,6 +26,7 @@ const WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 
 // #include q8_common
+{{TWIN}}
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -58,6 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         y[base + i + 1u] = o.y;
         y[base + i + 2u] = o.z;
         y[base + i + 3u] = o.w;
+        twin_store(base, i, v, inv);
     }
     q8_store(o, i, tid, live, wid.y * params.q_stride, params.width);
 }

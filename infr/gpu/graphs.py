@@ -110,6 +110,9 @@ class Graphs:
                 fused = lower.gate_up(*g.ops)
             if g.kind == "norm_rope_store":  # QK-norms, rope(q), rope(k), kv store in one dispatch
                 fused = lower.norm_rope_store(g.ops)
+            if g.kind == "norm_twins":  # two norms of one row (and a Mul) in one dispatch, rounded for the
+                lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)  # GEMV (the experts) after it
+                fused = lower.norm_twins(*g.ops)
             if g.kind == "qkv_rope_store":  # q, k, v from one GEMV that also rotates and stores them
                 rope = g.ops[3:]
                 fused = lower.stacked(list(g.stack()), stack, rope) if stack in self.stacks else None

@@ -68,15 +68,25 @@ def quantize_dispatch(kernels: Kernels, x, K: int, T: int, x_stride: int | None 
     return Dispatch(pipe, kernels.bind(pipe, [p, x, xq]), (-(-K // 1024), T, 1), f"quantize_q8 {K}"), xq
 
 
-def rmsnorm_q8_dispatch(kernels: Kernels, x, g, y, width: int, eps: float, T: int) -> tuple[Dispatch, object]:
-    """A plain RMSNorm (width % 256 == 0) writing y and y rounded (wgsl/rmsnorm_q8.wgsl)."""
+def rmsnorm_q8_dispatch(kernels: Kernels, x, g, y, width: int, eps: float, T: int,
+                        twin=None) -> tuple[Dispatch, object]:
+    """A plain RMSNorm (width % 256 == 0) writing y and y rounded (wgsl/rmsnorm_q8.wgsl). With twin =
+    (g2, z, scale, w2, w2_width): the same row's second norm z = ((rmsnorm(x) * g2) * scale) * w2[k %
+    w2_width] too, from the same sum (wgsl/rmsnorm_twin_on.wgsl; no Mul after it: scale 1, w2 one 1.0)."""
     if width % 256:
         raise ValueError(f"rmsnorm_q8 needs width % 256 == 0, got {width}")
     xq = _buffer(kernels, "q8", 4 * T * words(width))
-    pipe = kernels.pipeline("rmsnorm_q8", "main")
+    pipe = kernels.pipeline("rmsnorm_q8", "main", TWIN=f"// #include rmsnorm_twin_{'off' if twin is None else 'on'}")
+    scale, w2_width = (twin[2], twin[4]) if twin is not None else (1.0, 1)
     p = KS._params(kernels, KS._pack([("width", "u32", width), ("group", "u32", width), ("eps", "f32", eps),
-                                       ("T", "u32", T), ("q_stride", "u32", words(width))]), None, "rmsnorm_q8")
-    return Dispatch(pipe, kernels.bind(pipe, [p, x, g, y, xq]), (-(-width // 1024), T, 1), "rmsnorm_q8"), xq
+                                       ("T", "u32", T), ("q_stride", "u32", words(width)), ("scale", "f32", scale),
+                                       ("w2_width", "u32", w2_width)]), None, "rmsnorm_q8")
+    res = [p, x, g, y, xq]
+    if twin is not None:
+        g2, z, _, w2, _ = twin
+        res += [g2, z, w2]
+    label = "rmsnorm_q8_twin" if twin is not None else "rmsnorm_q8"
+    return Dispatch(pipe, kernels.bind(pipe, res), (-(-width // 1024), T, 1), label), xq
 
 
 def rmsnorm_add_q8_dispatch(kernels: Kernels, x, g, resid, y, width: int, eps: float, T: int, w=None,

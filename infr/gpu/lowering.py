@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from infr import fusion
 from infr.gguf_file import GGUFFile
 from infr.gpu import host_moe as HM
@@ -257,14 +259,34 @@ class Lowering:
                                     rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, _style(r),
                                     self.rows, factors=factors, norms=hn)]
 
+    def norm_twins(self, a: RMSNorm, b: RMSNorm, mul: Mul | None = None) -> list[Dispatch] | None:
+        """A norm_twins group in one rmsnorm_q8 dispatch (wgsl/rmsnorm_twin_on.wgsl): a's output and its
+        rounded copy for the GEMV that reads it (a MoE's experts, past its router), b's with the Mul;
+        None where a's output feeds no such GEMV (the ops then run one by one)."""
+        be = self.be
+        width = be.widths[a.src]
+        if not self._feeds_gemv_q8(a.dst, width):
+            return None
+        x = self.current(a.src)
+        ya, yb = self.target(a.dst, a.src), self.target(b.dst, b.src)
+        ga = be.weights[a.weight][0] if a.weight else _ones(be, width)
+        gb = be.weights[b.weight][0] if b.weight else _ones(be, width)
+        if mul is not None:
+            w2, scale, w2_width = be.weights[mul.weight][0], mul.scale, int(np.prod(be.gf.tensor(mul.weight).shape))
+        else:
+            w2, scale, w2_width = _ones(be, 1), 1.0, 1
+        d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, ga, ya, width, a.eps, self.rows, twin=(gb, yb, scale, w2, w2_width))
+        self.q8 = (ya, width, xq)
+        return [d]
+
     def _feeds_gemv_q8(self, name: str, width: int, unit: int = 256) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
         the Q4_K GEMV: its producer then writes it rounded too (width % unit == 0: the norms' kernels
-        take whole 256-value blocks). A MoE counts past its router (an f32 matmul of the same rows):
-        its experts read them rounded."""
+        take whole 256-value blocks). A MoE counts past its router (an f32 matmul of the same rows,
+        or of gemma4's router input): its experts read them rounded."""
         nxt = self.ahead
-        if isinstance(nxt, MatMul) and nxt.src == name and not nxt.q8 and isinstance(self.ahead2, MoE):
-            nxt = self.ahead2
+        if isinstance(nxt, MatMul) and not nxt.q8 and isinstance(self.ahead2, MoE) and nxt.dst == self.ahead2.logits:
+            nxt = self.ahead2  # the router (reading name, or gemma4's other norm of the stream)
         if width % unit or (KG.use_gemm(self.rows, self.be.dev) and not KMQ.use_mmq(self.rows, self.be.dev)):
             return False
         if isinstance(nxt, MoE):
