@@ -10,7 +10,9 @@ per-head RMSNorms of its q, k or v before or after the ropes: QK-norm families),
 gemma's post-norms, gemma4's layer_output_scale), "norm_residual_norm" (a norm_residual and the
 whole-row RMSNorm of the new stream after it: gemma's pre-FFN norm, the next layer's input norm),
 "norm_twins" (two whole-row RMSNorms of one input into two buffers, the second's in-place Mul after
-them: gemma4's expert input and router input, from one sum of squares) and "op" (one op alone). The groups are part of the plan,
+them: gemma4's expert input and router input, from one sum of squares), "moe_post_norms" (a MoE, the
+RMSNorm of its output and of another row f, both in place, and f + the MoE's: gemma4's block end) and
+"op" (one op alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -27,7 +29,7 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 @dataclass(frozen=True)
 class Group:
     # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm
-    # | norm_twins | op
+    # | norm_twins | moe_post_norms | op
     kind: str
     ops: tuple[Op, ...]
 
@@ -54,6 +56,8 @@ def groups(ops) -> tuple[Group, ...]:
             g = Group("norm_rope_store", tuple(nrs))
         elif is_rope_store(ops[i : i + 3]):
             g = Group("rope_store", tuple(ops[i : i + 3]))
+        elif is_moe_post_norms(ops[i : i + 4]):
+            g = Group("moe_post_norms", tuple(ops[i : i + 4]))
         elif i + 1 < len(ops) and is_residual(ops[i], ops[i + 1]):
             g = Group("residual", tuple(ops[i : i + 2]))
         elif i + 1 < len(ops) and is_norm_residual(ops[i], ops[i + 1]):
@@ -183,3 +187,15 @@ def _norm_twins(ops, i: int) -> int:
             and a.group is None and b.group is None and len({a.src, a.dst, b.dst}) == 3):
         return 0
     return 3 if i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == b.dst else 2
+
+
+def is_moe_post_norms(ops) -> bool:
+    """MoE(m), RMSNorm(m, m), RMSNorm(f, f) of whole rows, Add(f, f, m)."""
+    if len(ops) != 4:
+        return False
+    moe, nm, nf, add = ops
+    return (
+        isinstance(moe, MoE) and isinstance(nm, RMSNorm) and isinstance(nf, RMSNorm) and isinstance(add, Add)
+        and nm.src == nm.dst == moe.dst and nf.src == nf.dst != moe.dst and nm.group is None and nf.group is None
+        and add.dst == nf.dst and (add.a, add.b) == (nf.dst, moe.dst)
+    )

@@ -438,7 +438,6 @@ def _parallel_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     ops.append(MatMul("u", "h", p + "ffn_up.weight", n_out=f.hidden))
     ops.append(GatedAct("g", "g", "u", f.activation))
     ops.append(MatMul("f", "g", p + "ffn_down.weight", n_out=spec.n_embd))
-    ops.append(RMSNorm("f", "f", p + "post_ffw_norm_1.weight", eps))
     ops.append(RMSNorm("h", "x", p + "pre_ffw_norm_2.weight", eps))
     ops.append(RMSNorm("r", "x", None, eps))
     ops.append(Mul("r", p + "ffn_gate_inp.scale", 1.0 / float(np.sqrt(np.float32(spec.n_embd)))))
@@ -447,6 +446,9 @@ def _parallel_block(spec: ModelSpec, layer: LayerSpec) -> list[Op]:
     ops.append(MoE("m", "h", "router", layer.index, m, tuple(p + b + ".weight" for b in banks),
                    scales=p + "ffn_down_exps.scale" if pf.expert_scales else None))
     ops.append(RMSNorm("m", "m", p + "post_ffw_norm_2.weight", eps))
+    # the dense FFN's post-norm here, not after its down (nothing reads f in between): with the sum's
+    # norm and the add after them, the experts' combine does all three (fusion.py's moe_post_norms)
+    ops.append(RMSNorm("f", "f", p + "post_ffw_norm_1.weight", eps))
     ops.append(Add("f", "f", "m"))
     ops.append(RMSNorm("f", "f", p + "post_ffw_norm.weight", eps))
     ops.append(Add("x", "x", "f"))

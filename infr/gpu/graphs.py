@@ -110,6 +110,8 @@ class Graphs:
                 fused = lower.gate_up(*g.ops)
             if g.kind == "norm_rope_store":  # QK-norms, rope(q), rope(k), kv store in one dispatch
                 fused = lower.norm_rope_store(g.ops)
+            if g.kind == "moe_post_norms":  # the experts' sum, both post-norms and their add in the combine
+                fused = lower.moe_post_norms(*g.ops)
             if g.kind == "norm_twins":  # two norms of one row (and a Mul) in one dispatch, rounded for the
                 lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)  # GEMV (the experts) after it
                 fused = lower.norm_twins(*g.ops)

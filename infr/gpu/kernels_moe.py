@@ -23,6 +23,8 @@ its pairs routed elsewhere leaving at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from infr.errors import UnsupportedError
@@ -108,6 +110,49 @@ def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weigh
     """y[t] = sum_s ys[t * K + s] (* scales[ids[t * K + s]]) (* wts[t * K + s]), s in selection order
     (+ resid[t]: the residual add). scales: (per-expert scales, ids) or None."""
     return _rows_dispatch(kernels, "combine", ys, wts, y, D, K, T, weighted, resid, scales)
+
+
+@dataclass(frozen=True)
+class PostNorms:
+    """gemma4's end of a MoE block done by its combine (fusion.py's moe_post_norms): the sum's RMSNorm
+    (weight gm), the dense FFN's output f normed (gf), and f + the normed sum into f."""
+
+    gm: object
+    eps_m: float
+    f: str  # the plan's name of the dense FFN's output
+    gf: object
+    eps_f: float
+
+
+def combine_norms_dispatch(kernels: Kernels, ys, wts, y, f, D: int, K: int, T: int, weighted: bool, post: PostNorms,
+                           scales=None) -> Dispatch:
+    """y[t] = rmsnorm(f[t]) * gf + rmsnorm(combine(ys)[t]) * gm (wgsl/moe_combine_norms.wgsl); D % 4 == 0."""
+    if D % 4:
+        raise ValueError(f"moe_combine_norms needs rows of whole vec4, got {D}")
+    pipe = kernels.pipeline("moe_combine_norms", "main")
+    p = KS._params(kernels, KS._pack([("D", "u32", D), ("K", "u32", K), ("T", "u32", T),
+                                      ("weighted", "u32", int(weighted)), ("scaled", "u32", int(scales is not None)),
+                                      ("eps_m", "f32", post.eps_m), ("eps_f", "f32", post.eps_f)]), None,
+                   "moe_combine_norms")
+    dummy = KS._dummy(kernels)
+    sc, ids = scales if scales is not None else (dummy, dummy)
+    return Dispatch(pipe, kernels.bind(pipe, [p, ys, wts, y, f, sc, ids, post.gm, post.gf]),
+                    (-(-D // 1024), T, 1), f"moe_combine_norms {D}")
+
+
+def _combine(lower, op: MoE, ys, wts, ids, add: Add | None, post: PostNorms | None) -> Dispatch:
+    """The experts' sum: into the MoE's output (with the residual add: into x), or with `post` the
+    block's post-norms and the add into f in the same dispatch."""
+    m, T, D = op.spec, lower.rows, lower.be.widths[op.src]
+    # gemma4: each pair's output times its expert's scale, before the router's weight
+    scales = (lower.be.weights[op.scales][0], ids) if op.scales else None
+    if post is not None:
+        f = lower.current(post.f)
+        y = lower.target(post.f, post.f)
+        return combine_norms_dispatch(lower.k, ys, wts, y, f, D, m.n_used, T, not m.weight_before, post, scales)
+    y, resid = _output(lower, op, add)
+    return combine_dispatch(lower.k, ys, wts, y, D, m.n_used, T, weighted=not m.weight_before, resid=resid,
+                            scales=scales)
 
 
 def _output(lower, op: MoE, add: Add | None):
@@ -316,9 +361,10 @@ def reads_q8(be, op: MoE) -> bool:
     return any(KM.has_gemv(be.gf.tensor(b).qtype, n_in) for b in op.banks[:-1])
 
 
-def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
+def moe_dispatches(lower, op: MoE, add: Add | None = None, post: PostNorms | None = None) -> list[Dispatch]:
     """The MoE op for the lowering's batch of T rows (module docstring); with `add`, the plan's
-    residual add after it too (x += the MoE's output, in the combine)."""
+    residual add after it too (x += the MoE's output, in the combine); with `post`, gemma4's post-norms
+    and their add (moe_combine_norms)."""
     be, k = lower.be, lower.k
     m, T = op.spec, lower.rows
     scratch = be.__dict__.setdefault("_moe_scratch", Scratch(be.dev))
@@ -352,7 +398,7 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
     act = scratch("act", 4 * A * H)
     fused = m.fused_gate_up
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
-        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add)
+        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add, post)
     qg, qu = up[0].qtype, up[-1].qtype
     ain = act
     if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
@@ -377,15 +423,11 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None) -> list[Dispatch]:
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
-    # gemma4: each pair's output times its expert's scale, before the router's weight (in the combine)
-    scales = (be.weights[op.scales][0], ids) if op.scales else None
-    y, resid = _output(lower, op, add)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid, scales=scales))
-    return ds
+    return ds + [_combine(lower, op, ys, wts, ids, add, post)]
 
 
 def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, tensors, chunks,
-                     add: Add | None) -> list[Dispatch]:
+                     add: Add | None, post: PostNorms | None) -> list[Dispatch]:
     """Gate||up and down of every pair as int8 GEMMs over the pairs grouped by expert, then the sum."""
     k, m, T = lower.k, op.spec, lower.rows
     n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
@@ -411,11 +453,7 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     d, aq = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
     ys = scratch("ys", 4 * A * n_in)
     ds += [d] + grouped_matmul(k, tensors[-1].qtype, H, n_in, chunks[-1], aq, ys, A, groups[tile_down.BT], tile_down)
-    # gemma4: each pair's output times its expert's scale, in the combine (as the GEMV path does)
-    scales = (lower.be.weights[op.scales][0], ids) if op.scales else None
-    y, resid = _output(lower, op, add)
-    ds.append(combine_dispatch(k, ys, wts, y, n_in, K, T, weighted=not m.weight_before, resid=resid, scales=scales))
-    return ds
+    return ds + [_combine(lower, op, ys, wts, ids, add, post)]
 
 
 def sigmoid_gate(lower, op: SigmoidGate) -> list[Dispatch]:

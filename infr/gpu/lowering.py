@@ -279,6 +279,17 @@ class Lowering:
         self.q8 = (ya, width, xq)
         return [d]
 
+    def moe_post_norms(self, moe: MoE, nm: RMSNorm, nf: RMSNorm, add: Add) -> list[Dispatch] | None:
+        """A moe_post_norms group: the MoE, its combine doing both norms and the add
+        (kernels_moe.PostNorms); None with its experts on the host (the ops one by one)."""
+        be = self.be
+        D = be.widths[moe.dst]
+        if moe.layer in be.host_moe or D % 4:
+            return None
+        gm = be.weights[nm.weight][0] if nm.weight else _ones(be, D)
+        gf = be.weights[nf.weight][0] if nf.weight else _ones(be, D)
+        return KMoE.moe_dispatches(self, moe, post=KMoE.PostNorms(gm, nm.eps, nf.dst, gf, nf.eps))
+
     def _feeds_gemv_q8(self, name: str, width: int, unit: int = 256) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
         the Q4_K GEMV: its producer then writes it rounded too (width % unit == 0: the norms' kernels

@@ -110,6 +110,33 @@ def test_the_combine_scales_each_pair_by_its_experts_factor(gpu, kernels):
     np.testing.assert_array_equal(_read(gpu, y, (T, D)), want)
 
 
+@pytest.mark.parametrize("T,D", [(1, 64), (3, 2816)])  # tiny-gemma4-moe's row; the 26B's, three workgroups
+def test_the_combine_norms_both_rows_and_adds(gpu, kernels, T, D):
+    """moe_combine_norms (fusion.py's moe_post_norms): rmsnorm(f) * gf + rmsnorm(combine(ys)) * gm into a
+    new buffer, the combine with the experts' scales and router weights; against float64 numpy."""
+    from infr.gpu import kernels_moe as KMoE
+
+    K, E, eps = 4, 7, 1e-6
+    rng = np.random.default_rng(D)
+    ys = rng.standard_normal((T * K, D)).astype(np.float32)
+    f = (rng.standard_normal((T, D)) * 3).astype(np.float32)
+    scales = rng.uniform(0.5, 2, E).astype(np.float32)
+    ids = rng.integers(0, E, T * K).astype(np.uint32)
+    wts = rng.uniform(0.1, 1.0, T * K).astype(np.float32)
+    gm, gf = (rng.uniform(0.5, 1.5, D).astype(np.float32) for _ in range(2))
+    y = storage(gpu, 4 * T * D)
+    post = KMoE.PostNorms(_buf(gpu, gm), eps, "f", _buf(gpu, gf), eps)
+    run(gpu, [KMoE.combine_norms_dispatch(kernels, _buf(gpu, ys), _buf(gpu, wts), y, _buf(gpu, f), D, K, T, True,
+                                          post, scales=(_buf(gpu, scales), _buf(gpu, ids)))])
+    m = ((ys.astype(np.float64) * scales[ids][:, None]) * wts[:, None]).reshape(T, K, D).sum(axis=1)
+
+    def norm(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    want = norm(f.astype(np.float64), gf) + norm(m, gm)
+    np.testing.assert_allclose(_read(gpu, y, (T, D)), want, rtol=2e-5, atol=2e-5)
+
+
 # --- end to end
 
 

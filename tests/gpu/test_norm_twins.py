@@ -3,7 +3,8 @@ rmsnorm_twin_on.wgsl): gemma4's expert input (pre_ffw_norm_2, rounded for the ex
 its router input (the weightless norm times ffn_gate_inp.scale / sqrt(n_embd)) from one sum of squares.
 Word for word what rmsnorm_q8 and a second rmsnorm_q8 then the Mul write; a 26B-style layer at a
 256-wide stream takes it (three dispatches fewer: the second norm, the Mul, the experts' quantize) and
-follows the CPU reference."""
+follows the CPU reference, with its block end (the experts' sum, both post-norms, their add) in the
+combine (moe_combine_norms)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ def test_a_26b_style_layer_takes_the_twin_and_follows_the_cpu_reference(gpu, tmp
     g, c = GPUBackend(gf, plan, 64), CPUBackend(gf, plan, 64)
     labels = [d.label for d in g._multi_step(1, False).dispatches]
     assert labels.count("rmsnorm_q8_twin") == spec.n_layers and "mul" not in labels, labels
+    # and the block's end in the experts' combine: both post-norms and their add (moe_post_norms)
+    assert sum(lb.startswith("moe_combine_norms") for lb in labels) == spec.n_layers, labels
+    # (one rmsnorm_add left: the last layer's final post-norm, with no next layer's norm to take)
+    assert labels.count("rmsnorm_add") == 1 and not any(lb.startswith("moe_combine ") for lb in labels), labels
     # the experts read the twin's rounded rows: no quantize before their pair
     for i, lb in enumerate(labels):
         if "_expert_gate_up" in lb:
