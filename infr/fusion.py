@@ -186,6 +186,8 @@ def _norm_twins(ops, i: int) -> int:
     if not (isinstance(a, RMSNorm) and isinstance(b, RMSNorm) and a.src == b.src and a.eps == b.eps
             and a.group is None and b.group is None and len({a.src, a.dst, b.dst}) == 3):
         return 0
+    if i + 2 < len(ops) and is_norm_residual(b, ops[i + 2]):
+        return 0  # b is a post-norm whose add takes it (norm_residual)
     return 3 if i + 2 < len(ops) and isinstance(ops[i + 2], Mul) and ops[i + 2].buf == b.dst else 2
 
 

@@ -113,3 +113,20 @@ def test_mislabelled_file_fails_at_load_with_the_tensor(smollm2_path):
     layers[3] = dataclasses.replace(layers[3], ffn=dataclasses.replace(layers[3].ffn, hidden=layers[3].ffn.hidden + 64))
     with pytest.raises(InfrError, match=r"blk\.3\.ffn_gate\.weight is 1536 x 576, but the model's metadata makes it"):
         check_shapes(build_plan(dataclasses.replace(spec, layers=tuple(layers))), gf)
+
+
+def test_norm_twins_and_the_moe_block_end():
+    """Two whole-row norms of one row (and a Mul of the second) are one group, unless the second is a
+    post-norm whose add takes it; a MoE, both in-place post-norms and f + m are one group."""
+    from infr.models.spec import MoESpec
+    from infr.ops import Add, MoE, Mul, RMSNorm
+
+    a, b, mul = RMSNorm("h", "x", "w1", 1e-6), RMSNorm("r", "x", None, 1e-6), Mul("r", "s", 0.5)
+    assert [g.kind for g in fusion.groups([a, b, mul])] == ["norm_twins"]
+    assert [g.kind for g in fusion.groups([a, b])] == ["norm_twins"]
+    assert [g.kind for g in fusion.groups([a, RMSNorm("r", "x", None, 1e-5)])] == ["op", "op"]  # two eps
+    assert [g.kind for g in fusion.groups([a, b, Add("y", "y", "r")])] == ["op", "norm_residual"]
+    moe = MoE("m", "h", "router", 0, MoESpec(n_expert=4, n_used=2, hidden=8), ("gu", "d"))
+    end = [moe, RMSNorm("m", "m", "w2", 1e-6), RMSNorm("f", "f", "w3", 1e-6), Add("f", "f", "m")]
+    assert [g.kind for g in fusion.groups(end)] == ["moe_post_norms"]
+    assert [g.kind for g in fusion.groups(end[:3] + [Add("f", "m", "f")])][0] != "moe_post_norms"

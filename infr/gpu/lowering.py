@@ -296,8 +296,11 @@ class Lowering:
         take whole 256-value blocks). A MoE counts past its router (an f32 matmul of the same rows,
         or of gemma4's router input): its experts read them rounded."""
         nxt = self.ahead
-        if isinstance(nxt, MatMul) and not nxt.q8 and isinstance(self.ahead2, MoE) and nxt.dst == self.ahead2.logits:
-            nxt = self.ahead2  # the router (reading name, or gemma4's other norm of the stream)
+        if (isinstance(nxt, MatMul) and not nxt.q8 and isinstance(self.ahead2, MoE) and nxt.dst == self.ahead2.logits
+                and not KM.has_gemv(self.be.gf.tensor(nxt.weight).qtype, width)):
+            # the router (reading name, or gemma4's other norm of the stream), on no int8 GEMV of its
+            # own: it leaves the q8 scratch, so the experts read the rounded rows written here
+            nxt = self.ahead2
         if width % unit or (KG.use_gemm(self.rows, self.be.dev) and not KMQ.use_mmq(self.rows, self.be.dev)):
             return False
         if isinstance(nxt, MoE):
