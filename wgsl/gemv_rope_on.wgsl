@@ -11,21 +11,9 @@
 // #include rope_common
 // #include paging
 // #include f16_bits
+// #include rope_kv_params
 
-struct RopeParams {
-    n_heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    v_head_dim: u32,
-    n_rot: u32,
-    theta: f32,
-    freq_scale: f32,
-    has_factors: u32,
-    blocks_per_seq: u32,
-    eps: f32,  // rope_kv's layout (unused: no norms here)
-}
-
-@group(0) @binding(8) var<uniform> rope: RopeParams;
+@group(0) @binding(8) var<uniform> rope: RopeKvParams;
 @group(0) @binding(9) var<storage, read_write> kcache: array<u32>;
 @group(0) @binding(10) var<storage, read_write> vcache: array<u32>;
 @group(0) @binding(11) var<storage, read> factors: array<f32>;

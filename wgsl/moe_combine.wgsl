@@ -25,6 +25,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read> scales: array<f32>;  // combine only: [n_expert]
 @group(0) @binding(6) var<storage, read> ids: array<u32>;  // combine only: each pair's expert
 
+// #include moe_pair_sum
+
 @compute @workgroup_size(256)
 fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
@@ -32,18 +34,7 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= params.D || t >= params.T) {
         return;
     }
-    var acc = 0.0;
-    for (var s = 0u; s < params.K; s++) {
-        let a = t * params.K + s;
-        var v = src[a * params.D + c];
-        if (params.scaled != 0u) {
-            v = v * scales[ids[a]];
-        }
-        if (params.weighted != 0u) {
-            v = v * wts[a];
-        }
-        acc += v;
-    }
+    var acc = pair_sum(t, c);
     if (params.resid != 0u) {
         acc = resid[t * params.D + c] + acc;
     }

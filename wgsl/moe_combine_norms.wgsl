@@ -32,25 +32,10 @@ const WG: u32 = 256u;
 var<workgroup> part_m: array<f32, WG>;
 var<workgroup> part_f: array<f32, WG>;
 
-// Value c of token t's combined row, as moe_combine's combine adds it.
-fn combined(t: u32, c: u32) -> f32 {
-    var acc = 0.0;
-    for (var s = 0u; s < params.K; s++) {
-        let a = t * params.K + s;
-        var v = src[a * params.D + c];
-        if (params.scaled != 0u) {
-            v = v * scales[ids[a]];
-        }
-        if (params.weighted != 0u) {
-            v = v * wts[a];
-        }
-        acc += v;
-    }
-    return acc;
-}
+// #include moe_pair_sum
 
 fn combined4(t: u32, i: u32) -> vec4<f32> {
-    return vec4<f32>(combined(t, i), combined(t, i + 1u), combined(t, i + 2u), combined(t, i + 3u));
+    return vec4<f32>(pair_sum(t, i), pair_sum(t, i + 1u), pair_sum(t, i + 2u), pair_sum(t, i + 3u));
 }
 
 fn f4(base: u32, i: u32) -> vec4<f32> {

@@ -16,18 +16,7 @@
 // pair (a 256-wide tree), so a fused norm gives the same floats as the rmsnorm dispatch it
 // replaces; the normalised rows are written back in place as the unfused ops leave them.
 
-struct Params {
-    n_heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    v_head_dim: u32,
-    n_rot: u32,
-    theta: f32,
-    freq_scale: f32,
-    has_factors: u32,
-    blocks_per_seq: u32,
-    eps: f32,  // the norms' (NQ, NK, NV)
-}
+// #include rope_kv_params
 
 const WG: u32 = 64u;
 const MAX_D: u32 = 512u;
@@ -43,7 +32,7 @@ const AFTER: bool = {{AFTER}};
 
 // #include rope_common
 
-@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(0) var<uniform> params: RopeKvParams;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;

@@ -116,18 +116,24 @@ MODELS = {  # preset, weight type, overrides: 256 wide, so the norms round and e
 }
 
 
-def _model(tmp_path, name: str):
+def tiny_256(tmp_path, name: str, preset: str, weight_type: str, **extra):
+    """(file, plan) of a 3-layer `preset` 256 wide (4 heads of 64, 2 KV heads): the norms round and every
+    matrix takes the int8 GEMV (also tests/gpu/test_qkv_rope.py's)."""
     from infr import synth
     from infr.gguf_file import open_gguf
     from infr.models import build_spec
     from infr.plan import build_plan
     from infr.synth_presets import PRESETS
 
-    preset, weight_type, extra = MODELS[name]
     spec = replace(PRESETS[preset], n_layers=3, n_embd=256, n_heads=4, n_kv_heads=2, head_dim=64,
                    weight_type=weight_type, name=name, **extra)
     gf = open_gguf(synth.write_gguf(spec, tmp_path / f"{name}.gguf"))
     return gf, build_plan(build_spec(gf))
+
+
+def _model(tmp_path, name: str):
+    preset, weight_type, extra = MODELS[name]
+    return tiny_256(tmp_path, name, preset, weight_type, **extra)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -18,7 +18,7 @@ from infr.gpu import kernels_q8 as KQ
 from infr.gpu.runtime import read, run, storage
 
 from closeness import assert_follows_greedy, assert_logits_close
-from test_tint import _tint_errors, tint  # noqa: F401  tint: Dawn's Null device (skips without wgpudawn)
+from test_tint import _Recorder, _tint_errors, tint  # noqa: F401  tint: Dawn's Null device (skips without wgpudawn)
 
 
 def _words(gpu, buf, n):
@@ -93,23 +93,10 @@ def test_a_26b_style_layer_takes_the_twin_and_follows_the_cpu_reference(gpu, tmp
 
 def test_twin_passes_tint(gpu, tint):  # noqa: F811
     """rmsnorm_q8 with and without its twin, in both roundings, compiles under Tint (tests/gpu/test_tint.py)."""
-    from infr.gpu import runtime as R
-    from infr.numerics import INFR, LLAMACPP
-
     asked: set = set()
-
-    class Recorder(R.Kernels):
-        def pipeline(self, name, entry="main", unchecked=False, **consts):
-            if self.q8_rounding != INFR:  # what a Kernels.rounding view adds
-                consts.setdefault("Q8_ROUND", self.q8_rounding)
-            asked.add((name, entry, tuple(sorted(consts.items()))))
-            return super().pipeline(name, entry, unchecked, **consts)
-
-    rec = Recorder(gpu)
-    x = storage(gpu, np.ones(256, np.float32))
-    for mode in (INFR, LLAMACPP):
-        for twin in (None, (x, storage(gpu, 1024), 0.5, x, 256)):
-            KQ.rmsnorm_q8_dispatch(rec.rounding(mode), x, x, storage(gpu, 1024), 256, 1e-6, 1, twin=twin)
+    for mode in ("infr", "llamacpp"):
+        for twin in ("on", "off"):
+            _Recorder(gpu, asked).pipeline("rmsnorm_q8", TWIN=f"// #include rmsnorm_twin_{twin}", Q8_ROUND=mode)
     assert len(asked) == 4
     errors = _tint_errors(tint, asked)
     assert not errors, errors

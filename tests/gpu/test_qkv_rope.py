@@ -21,8 +21,9 @@ from infr.gpu import kernels_qkv_rope as KQR
 from infr.gpu import tuning
 from infr.gpu.runtime import read, run, storage
 
+from test_gate_up_q8 import tiny_256
 from test_quant_kernels import make_weight  # tests/gpu is on sys.path (pytest's prepend import mode)
-from test_tint import _tint_errors, tint  # noqa: F401  tint: Dawn's Null device (skips without wgpudawn)
+from test_tint import _Recorder, _tint_errors, tint  # noqa: F401  tint: Dawn's Null device (skips without wgpudawn)
 
 
 @pytest.fixture(autouse=True)
@@ -122,26 +123,12 @@ def test_takes_only_where_the_kept_rows_fit():
             assert KQR.takes(dev, "norm", 32, 8, 128, 128, 128) == fits
 
 
-MODELS = {  # preset, weight type, overrides: 256 wide, so every matrix takes the int8 GEMV
-    "llama-q4_k_m": ("tiny-llama", "Q4_K_M", {}),  # a mixed stack (Q6_K v) in some layers
-    "llama-q8_0": ("tiny-llama", "Q8_0", {}),
-    "qwen2": ("tiny-qwen2", "Q8_0", {}),  # NEOX and biases: the group, but rope_kv stays
-    "qwen3": ("tiny-qwen3", "Q8_0", {}),  # QK-norms: no such group
+MODELS = {  # preset, weight type: 256 wide (tiny_256), so every matrix takes the int8 GEMV
+    "llama-q4_k_m": ("tiny-llama", "Q4_K_M"),  # a mixed stack (Q6_K v) in some layers
+    "llama-q8_0": ("tiny-llama", "Q8_0"),
+    "qwen2": ("tiny-qwen2", "Q8_0"),  # NEOX and biases: the group, but rope_kv stays
+    "qwen3": ("tiny-qwen3", "Q8_0"),  # QK-norms: no such group
 }
-
-
-def _model(tmp_path, name: str):
-    from infr import synth
-    from infr.gguf_file import open_gguf
-    from infr.models import build_spec
-    from infr.plan import build_plan
-    from infr.synth_presets import PRESETS
-
-    preset, weight_type, extra = MODELS[name]
-    spec = replace(PRESETS[preset], n_layers=3, n_embd=256, n_heads=4, n_kv_heads=2, head_dim=64,
-                   weight_type=weight_type, name=name, **extra)
-    gf = open_gguf(synth.write_gguf(spec, tmp_path / f"{name}.gguf"))
-    return gf, build_plan(build_spec(gf))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -151,7 +138,7 @@ def test_decode_drops_rope_kv_with_the_same_logits(tmp_path, gpu, name):
     unfused graph."""
     from infr.gpu.backend import GPUBackend
 
-    gf, plan = _model(tmp_path, name)
+    gf, plan = tiny_256(tmp_path, name, *MODELS[name])
     n = plan.spec.n_layers
     kinds = [g.kind for g in plan.groups]
     fusing = name.startswith("llama")
@@ -189,18 +176,10 @@ def test_group_is_the_stack_and_its_store():
 def test_rope_stacks_pass_tint(gpu, tint):  # noqa: F811
     """The rotating stack in the forms the engine asks for (one type and mixed, 1..8 tokens a
     workgroup) compiles under Tint (tests/gpu/test_tint.py)."""
-    from infr.gpu import runtime as R
-
     asked: set = set()
-
-    class Recorder(R.Kernels):
-        def pipeline(self, name, entry="main", unchecked=False, **consts):
-            asked.add((name, entry, tuple(sorted(consts.items()))))
-
-    rec = Recorder(gpu)
     for types in (("q4_k",) * 3, ("q4_k", "q4_k", "q6_k"), ("q8_0",) * 3):
         for T in (1, 2, 4, 8):
-            KM.gemv_pipeline(rec, types, split=True, T=T, rope={"BS": 16})
+            KM.gemv_pipeline(_Recorder(gpu, asked), types, split=True, T=T, rope={"BS": 16})
     assert len(asked) == 3 * 4
     errors = _tint_errors(tint, asked)
     assert not errors, errors
