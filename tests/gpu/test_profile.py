@@ -43,9 +43,11 @@ def test_profile_covers_every_dispatch_of_the_decode_loop(gpu, tiny, per_pass):
     assert res.dispatches == 10 * per_token  # every dispatch of every step timed, none twice
     assert sum(r.count for r in res.rows) == res.dispatches
     kernels = set(res.by_kernel())
-    for name in ("embed_q4_k", "rmsnorm_q8", "quantize_q8", "gemv_q4_k_stacked", "rope_kv_norm", "attention",
-                 "gemv_q4_k_gate_up", "gemv_q4_k", "argmax", "step"):
-        assert name in kernels, (name, kernels)
+    # every kernel of the step (the fusions the tuning takes decide which: INFR_GEMV_Q8, INFR_GEMV_ROPE)
+    asked = {d.label.split()[0] for d in be._multi_step(1, False).dispatches}
+    assert asked <= kernels, (asked - kernels, kernels)
+    assert {"embed_q4_k", "rmsnorm_q8", "attention", "gemv_q4_k", "argmax", "step"} <= asked
+    assert any(k.startswith("gemv_q4_k_stacked") for k in asked) and any("_gate_up" in k for k in asked)
     assert all(r.total_us > 0 for r in res.rows)  # lavapipe runs each dispatch for real time
     assert abs(sum(r.total_us for r in res.rows) - res.gpu_us) < 1e-6 * res.gpu_us + 1e-9
     gemv = [r for r in res.rows if r.kernel.startswith("gemv")]
