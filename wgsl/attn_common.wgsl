@@ -96,6 +96,41 @@ fn split_work(wid: vec3<u32>, rk: RowKeys, hg: u32, c: u32) -> SplitWork {
     return SplitWork(h0, h0 / (params.n_heads / params.kv_heads), rk.lo / c + wid.x, (rk.hi - 1u) / c);
 }
 
+// A tiled prefill workgroup's query block: heads h0 .. h0 + hg of kv head kvh, batch rows t0 .. t0 + nq
+// (the live ones of its r rows; blocks run from the last, the longest walks first).
+struct QueryBlock {
+    h0: u32,
+    kvh: u32,
+    t0: u32,
+    nq: u32,
+}
+
+fn query_block(wid: vec3<u32>, nwg: vec3<u32>, hg: u32, r: u32) -> QueryBlock {
+    let h0 = wid.x * hg;
+    let t0 = (nwg.y - 1u - wid.y) * r;
+    var nq = 0u;
+    if (t0 < state[1]) {
+        nq = min(r, state[1] - t0);
+    }
+    return QueryBlock(h0, h0 / (params.n_heads / params.kv_heads), t0, nq);
+}
+
+// A query slot's keys: [lo, hi) of the block's row r and its sequence slot; none (hi 0, no slot) for a
+// padding row (r >= nq).
+struct SlotKeys {
+    lo: u32,
+    hi: u32,
+    slot: u32,
+}
+
+fn slot_keys(t0: u32, r: u32, nq: u32) -> SlotKeys {
+    let rk = row_keys(t0 + r);
+    if (r < nq) {
+        return SlotKeys(rk.lo, rk.hi, rows[2u * (t0 + r) + 1u]);
+    }
+    return SlotKeys(rk.lo, 0u, 0xffffffffu);
+}
+
 // The tiled prefill kernels walk each sequence of a row block once, in the order of its first row:
 // whether row r of the block from t0 is its sequence's first there.
 fn first_of_seq(t0: u32, r: u32) -> bool {

@@ -113,27 +113,21 @@ fn lane_scores(sb: u32, lane: u32, kb: u32, lo: u32, hi: u32, mine: bool) -> arr
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32) {
-    let h0 = wid.x * HG;
-    let kvh = h0 / (params.n_heads / params.kv_heads);
-    let t0 = (nwg.y - 1u - wid.y) * R;
-    var nq = 0u;  // live rows of this block
-    if (t0 < state[1]) {
-        nq = min(R, state[1] - t0);
-    }
+    let qb = query_block(wid, nwg, HG, R);
+    let h0 = qb.h0;
+    let kvh = qb.kvh;
+    let t0 = qb.t0;
+    let nq = qb.nq;  // live rows of this block
     let sb = sg * 16u * LDS;  // the subgroup's score rows
     let pb = sg * 16u * LDP;  // its probability rows
 
     // This lane's slot (lane % 16 of the subgroup's): its row's key range (none for padding rows).
     let m = sg * 16u + lane % 16u;
     let r_m = m / HG;
-    let rk = row_keys(t0 + r_m);
-    let lo = rk.lo;
-    var hi = 0u;
-    var slot_of = 0xffffffffu;
-    if (r_m < nq) {
-        hi = rk.hi;
-        slot_of = rows[2u * (t0 + r_m) + 1u];
-    }
+    let sk = slot_keys(t0, r_m, nq);
+    let lo = sk.lo;
+    let hi = sk.hi;
+    let slot_of = sk.slot;
     let qrow = ((t0 + r_m) * params.n_heads + h0 + m % HG) * HD;
 
     // The query matrices, through the subgroup's pr rows.

@@ -125,13 +125,11 @@ fn scores(qg: u32, lane: u32) -> array<f32, QPI * KPI> {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
-    let h0 = wid.x * HG;
-    let kvh = h0 / (params.n_heads / params.kv_heads);
-    let t0 = (nwg.y - 1u - wid.y) * R;
-    var nq = 0u;  // live rows of this block
-    if (t0 < state[1]) {
-        nq = min(R, state[1] - t0);
-    }
+    let qb = query_block(wid, nwg, HG, R);
+    let h0 = qb.h0;
+    let kvh = qb.kvh;
+    let t0 = qb.t0;
+    let nq = qb.nq;  // live rows of this block
     let qg = tid / 16u;
     let lane = tid % 16u;
 
@@ -152,15 +150,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var hi: array<u32, QPI>;
     var slot_of: array<u32, QPI>;
     for (var i = 0u; i < QPI; i++) {
-        let r = (qg * QPI + i) / HG;
-        let rk = row_keys(t0 + r);
-        lo[i] = rk.lo;
-        hi[i] = 0u;
-        slot_of[i] = 0xffffffffu;
-        if (r < nq) {
-            hi[i] = rk.hi;
-            slot_of[i] = rows[2u * (t0 + r) + 1u];
-        }
+        let sk = slot_keys(t0, (qg * QPI + i) / HG, nq);
+        lo[i] = sk.lo;
+        hi[i] = sk.hi;
+        slot_of[i] = sk.slot;
     }
 
     var acc: array<array<vec4<f32>, NV>, QPI>;

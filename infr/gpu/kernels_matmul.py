@@ -200,7 +200,7 @@ def pair_resources(kernels: Kernels, res: list, pair_act) -> list:
     return list(res) + [None] * (PAIR_TABLE_BINDING - len(res)) + [gelu_table(kernels)]
 
 
-def _gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, int, int]:
+def gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, int, int]:
     """(invocations, rows per team, floats of the `partial` reduction array) of a GEMV workgroup:
     8 teams of 32 lanes, or 32 teams where the pair writes whole q8 blocks (q8_out)."""
     R = 2 if pair else t.R  # a pair's two rows are its gate and up
@@ -227,7 +227,7 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         raise ValueError("only the q|k|v split rotates and stores its rows")
     nt = 1 if expert else t.tokens(T)
     U = t.U if nt == 1 else t.UB
-    wg, R, partial = _gemv_shape(t, pair, nt, q8_out)
+    wg, R, partial = gemv_shape(t, pair, nt, q8_out)
     names = [wgsl_name(q) for q in qs]
     fams = [GEMV_FAMILY[q] for q in qs]
     consts = dict(
@@ -259,7 +259,7 @@ def pair_rounds(dev: Device, N: int, chunks, T: int) -> bool:
     t = GemvTuning.for_device(dev)
     if not t.Q8 or N % GEMV_K or any(r0 % 32 or n % 32 for _, r0, n in chunks):
         return False
-    wg, _, partial = _gemv_shape(t, True, t.tokens(T), True)
+    wg, _, partial = gemv_shape(t, True, t.tokens(T), True)
     lim = dev.limits
     # partial, the block's values and its per-invocation max and sum, the IQ4 readers' table
     shared = 4 * (partial + 48 * t.tokens(T) + 16)

@@ -55,7 +55,7 @@ def takes(dev, style: str, n_heads: int, kv_heads: int, head_dim: int, v_head_di
     workgroup memory (the GEMV's reduction, the kept rows of NT tokens, the IQ4 readers' table) too."""
     t = KM.GemvTuning.for_device(dev)
     limits = getattr(dev, "limits", None) or {}
-    _, R, partial = KM._gemv_shape(t, False, t.NT, False)
+    _, R, partial = KM.gemv_shape(t, False, t.NT, False)
     shared = 4 * (partial + KM.GEMV_TEAMS * R * t.NT + 16)
     return (
         bool(t.ROPE) and style == "norm" and head_dim % 2 == 0 and v_head_dim % 2 == 0 and n_rot % 2 == 0
