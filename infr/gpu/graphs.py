@@ -116,11 +116,11 @@ class Graphs:
                 lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)  # GEMV (the experts) after it
                 fused = lower.norm_twins(*g.ops)
             if g.kind == "qkv_rope_store":  # q, k, v from one GEMV that also rotates and stores them
-                rope = g.ops[3:]
-                fused = lower.stacked(list(g.stack()), stack, rope) if stack in self.stacks else None
+                mms, rope = list(g.stack()), g.ops[3:]
+                fused = lower.stacked_rope(mms, stack, *rope) if stack in self.stacks else None
                 if fused is None:  # the stack, then rope(q), rope(k) and the store: two groups' kernels
-                    body += (lower.stacked(list(g.stack()), stack) if stack in self.stacks
-                             else [d for op in g.stack() for d in lower.op(op)])
+                    body += (lower.stacked(mms, stack) if stack in self.stacks
+                             else [d for op in mms for d in lower.op(op)])
                     fused = lower.rope_store(*rope)
                 body += fused
             elif stack in self.stacks:  # q, k, v from one GEMV over stacked rows

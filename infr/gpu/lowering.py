@@ -149,13 +149,9 @@ class Lowering:
         bias = be.weights[mm.bias][0] if mm.bias else None
         return self._matmul(be.gf.tensor(mm.weight), be.weights[mm.weight], x, y, bias, mm.q8, resid=resid)
 
-    def stacked(self, mms: list[MatMul], names: tuple, rope: tuple | None = None) -> list[Dispatch] | None:
-        """q|k|v as one stacked product, by the kernel this batch takes. With `rope` (a qkv_rope_store
-        group's rope q, rope k and store): that product rotating and storing them too
-        (kernels_qkv_rope), or None where it does not (the caller runs both groups' kernels)."""
+    def stacked(self, mms: list[MatMul], names: tuple) -> list[Dispatch]:
+        """q|k|v as one stacked product, by the kernel this batch takes."""
         be = self.be
-        if rope is not None:
-            return self._stacked_rope(mms, names, *rope)
         x = self.current(mms[0].src)
         ys = [self.target(m.dst, m.src) for m in mms]
         tensors = [be.gf.tensor(n) for n in names]
@@ -182,7 +178,9 @@ class Lowering:
         return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                            self.rows, xq=xq)
 
-    def _stacked_rope(self, mms: list[MatMul], names: tuple, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch] | None:
+    def stacked_rope(self, mms: list[MatMul], names: tuple, rq: Rope, rk: Rope, st: StoreKV) -> list[Dispatch] | None:
+        """A qkv_rope_store group: the stacked int8 GEMV rotating q, k and storing k, v too
+        (kernels_qkv_rope), or None where it does not (the caller runs the stack and rope_kv)."""
         be, r = self.be, rq.rope
         a = be.plan.spec.layers[st.layer].attention
         tensors = [be.gf.tensor(n) for n in names]
