@@ -119,10 +119,12 @@ class Kernels:
                 # Tint wants the enables naga refuses; Dawn's robustness is off device-wide
                 # (device.DAWN_TOGGLES), so `unchecked` needs nothing more there.
                 module = self.dev.device.create_shader_module(label=name, code=dawn_source(code))
-            elif unchecked:
-                module = unchecked_module(self.dev.device, name, code)
             else:
-                module = self.dev.device.create_shader_module(label=name, code=code)
+                code = naga_source(code)
+                if unchecked:
+                    module = unchecked_module(self.dev.device, name, code)
+                else:
+                    module = self.dev.device.create_shader_module(label=name, code=code)
             pipe = self._by_source[(code, entry, unchecked)] = self.dev.device.create_compute_pipeline(
                 label=f"{name}:{entry}", layout="auto", compute={"module": module, "entry_point": entry}
             )
@@ -154,6 +156,14 @@ def dawn_source(code: str) -> str:
     enables = [e for e, pat in (("f16", _F16), ("subgroups", _SUBGROUP))
                if pat.search(code) and not re.search(rf"^\s*enable\s+{e}\s*;", code, re.MULTILINE)]
     return "".join(f"enable {e};\n" for e in enables) + code
+
+
+def naga_source(code: str) -> str:
+    """A kernel as naga takes it: `enable f16;` before sources whose code (not only comments) uses
+    f16 values (mma_dequant.wgsl: the tensor-core tiles' f16 weight rows, checked on lavapipe)."""
+    if _F16.search(re.sub(r"//[^\n]*", "", code)) and not re.search(r"^\s*enable\s+f16\s*;", code, re.MULTILINE):
+        return "enable f16;\n" + code
+    return code
 
 
 def unchecked_module(device, label: str, code: str):
