@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
 from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.path (prepend import mode)
 
 from infr.gpu import kernels_matmul as KM
