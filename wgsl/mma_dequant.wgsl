@@ -3,9 +3,9 @@
 // product, not once per token tile. The same readers and arithmetic (mma_values.wgsl) as
 // gemm_mma's own conversion, so either way gives the same bits.
 //
-// Each invocation turns one stage of one row (SUB = 2 sub-blocks, 64 values: the reader's two
-// units, which between them write both sub-blocks' lanes and scale terms) into f16 values and
-// stores them, from registers: no workgroup memory and no barrier. (Staging 64 rows a stage at a
+// Each invocation turns ITEMS (row, stage) items, a stage being SUB = 2 sub-blocks, 64 values (the
+// reader's two units, which between them write both sub-blocks' lanes and scale terms: every reader
+// has UNITS = SUB), into f16 values and stores them, from registers: no workgroup memory and no barrier. (Staging 64 rows a stage at a
 // time in workgroup memory, two barriers a stage, streamed about 1.15 TB/s of reads and writes on
 // an H100: perf/h200/profile-8b-pp512-2026-12-06-h100-s36.json.) A workgroup covers BN = 64 staged
 // rows (PAIR: 32 of gate, binding 1, and the same 32 of up, binding 6) x SPW stages, a row's stages

@@ -313,9 +313,10 @@ def max_groups(dev: Device) -> int:
     return int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
 
 
-# Zero bytes after every weight upload. The GEMV's readers of blocks that are not 16-byte aligned
-# (Q8_0, Q5_0, Q4_0, ...) load the aligned vec4 after their bytes whether or not `realign` uses
-# it; unchecked (GemvTuning.UNCHECKED, and always on Dawn) that load must stay inside the buffer.
+# Zero bytes after every weight upload (and inside every view of a mixed stack's matrix, stack_parts).
+# The GEMV's and the tiles' readers of blocks that are not 16-byte aligned (Q8_0, Q5_0, Q4_0, ...)
+# load the aligned vec4 after their bytes whether or not `realign` uses it; unchecked
+# (GemvTuning.UNCHECKED, and always on Dawn) that load must stay inside the binding.
 WEIGHT_TAIL = 16
 
 
@@ -532,11 +533,12 @@ def upload_stacked(dev: Device, tensors, label: str) -> list[tuple]:
 
 
 def stack_parts(tensors, chunks) -> list[list[tuple]]:
-    """Each matrix of a mixed stack as upload_weight's chunk list over a view of the buffer."""
+    """Each matrix of a mixed stack as upload_weight's chunk list over a view of the buffer: its bytes
+    padded to STACK_ALIGN and WEIGHT_TAIL more (the next matrix's first bytes, or the buffer's tail)."""
     if not is_mixed(tensors):
         raise ValueError("views of a stack need its matrices on STACK_ALIGN boundaries (a mixed stack)")
     (buf, _, _), = chunks
-    return [[((buf, off, -(-n // STACK_ALIGN) * STACK_ALIGN), 0, int(t.shape[0]))]
+    return [[((buf, off, -(-n // STACK_ALIGN) * STACK_ALIGN + WEIGHT_TAIL), 0, int(t.shape[0]))]
             for t, (off, n) in zip(tensors, stack_layout(tensors))]
 
 

@@ -119,12 +119,10 @@ class Kernels:
                 # Tint wants the enables naga refuses; Dawn's robustness is off device-wide
                 # (device.DAWN_TOGGLES), so `unchecked` needs nothing more there.
                 module = self.dev.device.create_shader_module(label=name, code=dawn_source(code))
+            elif unchecked:
+                module = unchecked_module(self.dev.device, name, naga_source(code))
             else:
-                code = naga_source(code)
-                if unchecked:
-                    module = unchecked_module(self.dev.device, name, code)
-                else:
-                    module = self.dev.device.create_shader_module(label=name, code=code)
+                module = self.dev.device.create_shader_module(label=name, code=naga_source(code))
             pipe = self._by_source[(code, entry, unchecked)] = self.dev.device.create_compute_pipeline(
                 label=f"{name}:{entry}", layout="auto", compute={"module": module, "entry_point": entry}
             )

@@ -43,10 +43,10 @@ def test_rows_are_the_blocks_values_in_f16(gpu, kernels, qtype, pair):
         ts, got, padded = _case(kernels, qtype, rows, K, pair, rng)
         for half, t in zip(got, ts):
             want = reference(t)
-            # each value is a q + b in f32, then rounded to f16: within one f16 rounding of the
-            # f64 value, plus the f32 products' rounding (relative 2^-22 of the terms)
+            # each value is a q + b in f32, then converted to f16 (WGSL lets it round either way:
+            # within one f16 step, 2^-10 relative) of the f64 value, plus the f32 products' rounding
             err = np.abs(half[:rows].astype(np.float64) - want)
-            bound = 2.0**-11 * np.abs(want) + 2.0**-20 * np.abs(want).max() + 2.0**-24
+            bound = 2.0**-10 * np.abs(want) + 2.0**-20 * np.abs(want).max() + 2.0**-24
             assert (err <= bound).all(), f"{qtype.name} {rows}x{K}: worst {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
             # rows up to the 128-row padding copy the last row
             np.testing.assert_array_equal(half[rows:], np.broadcast_to(half[rows - 1], (padded - rows, K)))
