@@ -530,9 +530,31 @@ def mixed_tile(kernels: Kernels, tensors, T: int) -> KMA.MmaTile | None:
     return tile if _copies(tile)[1] else None
 
 
+def mixed_weight_rows(kernels: Kernels, tensors, chunks) -> tuple[list[Dispatch], object]:
+    """A mixed stack's f16 weight rows: a dequant pass per matrix (its rows a view of the stacked upload,
+    its f16 rows a view of the scratch at its first row), and that scratch, in the single-type stack's
+    layout (_mixed_rows)."""
+    K = int(tensors[0].shape[-1])
+    qs = [_check(t, K) for t in tensors]
+    sizes = [int(t.shape[0]) for t in tensors]
+    offs, rows, total = _mixed_rows(sizes)
+    if any(2 * K * o % KM.STACK_ALIGN for o in offs):
+        raise ValueError(f"f16 rows of {sizes} x {K} do not start on {KM.STACK_ALIGN}-byte boundaries")
+    w16 = KQ._buffer(kernels, "w16", 2 * K * total)
+    out = []
+    for q, n, o, r, part in zip(qs, sizes, offs, rows, KM.stack_parts(tensors, chunks)):
+        (view, _, _), = part
+        p = storage(kernels.dev, _params(q, K, n, 0, n, 1, False, False), label="mmq.qkv.dequant.params", uniform=True)
+        dq = dequant_pipeline(kernels, q, False)
+        res = [p, view] + [None] * 11 + [(w16, 2 * K * o, 2 * K * r)]
+        out.append(Dispatch(dq, kernels.bind(dq, res), (r // 64, -(-K // 512), 1),
+                            f"mma_dequant_{KM.wgsl_name(q)} {n}x{K}", n * KM.row_bytes(q, K)))
+    return out, w16
+
+
 def _mixed_stacked(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int, tile) -> list[Dispatch]:
-    """stacked_dispatches of a mixed stack: the token pass, a dequant pass per matrix (its rows a view of
-    the stacked upload, its f16 rows a view of the scratch at its first row) and one q|k|v product. The
+    """stacked_dispatches of a mixed stack: the token pass, a dequant pass per matrix (mixed_weight_rows)
+    and one q|k|v product. The
     kernel is compiled for the first matrix's type, whose reader it never runs (WCOPY: no fetch_units;
     INIT only fills the IQ4 code book): binding 1, which it declares, holds the whole upload."""
     tile = tile or mixed_tile(kernels, tensors, T)
@@ -542,22 +564,13 @@ def _mixed_stacked(kernels: Kernels, tensors, chunks, xq, ys, bias, T: int, tile
     qs = [_check(t, K) for t in tensors]
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    offs, rows, total = _mixed_rows(sizes)
-    if any(2 * K * o % KM.STACK_ALIGN for o in offs):
-        raise ValueError(f"f16 rows of {sizes} x {K} do not start on {KM.STACK_ALIGN}-byte boundaries")
     pipe, rows_wg, bt = mmq_pipeline(kernels, qs[0], tile, split=True, K=K)
     (buf, _, _), = chunks
     none = KM._no_bias(kernels)
     extra: dict = {}
     out = _token_pass(kernels, tile, xq, K, T, bt, extra)
-    w16 = extra[13] = KQ._buffer(kernels, "w16", 2 * K * total)
-    for q, n, o, r, part in zip(qs, sizes, offs, rows, KM.stack_parts(tensors, chunks)):
-        (view, _, _), = part
-        p = storage(kernels.dev, _params(q, K, n, 0, n, T, False, False), label="mmq.qkv.dequant.params", uniform=True)
-        dq = dequant_pipeline(kernels, q, False)
-        res = [p, view] + [None] * 11 + [(w16, 2 * K * o, 2 * K * r)]
-        out.append(Dispatch(dq, kernels.bind(dq, res), (r // 64, -(-K // 512), 1),
-                            f"mma_dequant_{KM.wgsl_name(q)} {n}x{K}", n * KM.row_bytes(q, K)))
+    passes, extra[13] = mixed_weight_rows(kernels, tensors, chunks)
+    out += passes
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
     p = storage(kernels.dev, _params(qs[0], K, N, 0, N, T, bias is not None, False, sizes[0], split2),
                 label="mmq.qkv.params", uniform=True)

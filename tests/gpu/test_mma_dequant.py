@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.path (prepend import mode)
 
+from gguf import GGMLQuantizationType as Q
+
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu.runtime import read, run, storage
@@ -32,6 +34,14 @@ def _case(kernels, q, rows: int, K: int, pair: bool, rng):
     return ts, got, padded
 
 
+def _close(name, got, want):
+    """Each value is a q + b in f32, then converted to f16 (WGSL lets it round either way: within one
+    f16 step, 2^-10 relative) of the f64 value, plus the f32 products' rounding."""
+    err = np.abs(got.astype(np.float64) - want)
+    bound = 2.0**-10 * np.abs(want) + 2.0**-20 * np.abs(want).max() + 2.0**-24
+    assert (err <= bound).all(), f"{name}: worst {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
+
+
 @pytest.mark.parametrize("pair", [False, True], ids=["plain", "pair"])
 @pytest.mark.parametrize("qtype", list(KMQ.READERS), ids=lambda q: q.name.lower())
 def test_rows_are_the_blocks_values_in_f16(gpu, kernels, qtype, pair):
@@ -42,11 +52,31 @@ def test_rows_are_the_blocks_values_in_f16(gpu, kernels, qtype, pair):
     for rows, K in SHAPES[qk]:
         ts, got, padded = _case(kernels, qtype, rows, K, pair, rng)
         for half, t in zip(got, ts):
-            want = reference(t)
-            # each value is a q + b in f32, then converted to f16 (WGSL lets it round either way:
-            # within one f16 step, 2^-10 relative) of the f64 value, plus the f32 products' rounding
-            err = np.abs(half[:rows].astype(np.float64) - want)
-            bound = 2.0**-10 * np.abs(want) + 2.0**-20 * np.abs(want).max() + 2.0**-24
-            assert (err <= bound).all(), f"{qtype.name} {rows}x{K}: worst {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
+            _close(f"{qtype.name} {rows}x{K}", half[:rows], reference(t))
             # rows up to the 128-row padding copy the last row
             np.testing.assert_array_equal(half[rows:], np.broadcast_to(half[rows - 1], (padded - rows, K)))
+
+
+@pytest.mark.parametrize("sizes", [(256, 128, 128), (200, 100, 60)], ids=lambda s: "+".join(map(str, s)))
+def test_mixed_stack_rows(gpu, kernels, sizes):
+    """A Q4_K_M layer's mixed q|k|v (Q4_K q and k, a Q6_K v) as the tensor-core tile reads it: each
+    matrix's pass reads a view of the stacked upload and writes its rows at its first row of one f16
+    buffer; passes of whole 64-row workgroups run into the next matrix's rows, which its own pass (later
+    in the same pass) writes over, and the last fills the 128-row padding with its last row."""
+    if not gpu.has("shader-f16"):
+        pytest.skip(f"{gpu.name} has no shader-f16")
+    K = 512
+    rng = np.random.default_rng(sum(sizes))
+    ts = [make_weight(q, n, K, rng) for q, n in zip((Q.Q4_K, Q.Q4_K, Q.Q6_K), sizes)]
+    chunks = KM.upload_stacked(kernels.dev, ts, label="qkv")
+    passes, w16 = KMQ.mixed_weight_rows(kernels, ts, chunks)
+    assert [d.label.split()[0] for d in passes] == ["mma_dequant_q4_k", "mma_dequant_q4_k", "mma_dequant_q6_k"]
+    run(kernels.dev, passes)
+    N = sum(sizes)
+    padded = -(-N // 128) * 128
+    got = read(kernels.dev, w16, dtype=np.float16, count=padded * K).reshape(padded, K)
+    first = 0
+    for t, n in zip(ts, sizes):
+        _close(f"{t.qtype.name} rows {first}..{first + n}", got[first: first + n], reference(t))
+        first += n
+    np.testing.assert_array_equal(got[N:], np.broadcast_to(got[N - 1], (padded - N, K)))
