@@ -3,14 +3,14 @@
 // product, not once per token tile. The same readers and arithmetic (mma_values.wgsl) as
 // gemm_mma's own conversion, so either way gives the same bits.
 //
-// Each invocation turns ITEMS (row, stage) items, a stage being SUB = 2 sub-blocks, 64 values (the
-// reader's two units, which between them write both sub-blocks' lanes and scale terms: every reader
-// has UNITS = SUB), into f16 values and stores them, from registers: no workgroup memory and no barrier. (Staging 64 rows a stage at a
-// time in workgroup memory, two barriers a stage, streamed about 1.15 TB/s of reads and writes on
-// an H100: perf/h200/profile-8b-pp512-2026-12-06-h100-s36.json.) A workgroup covers BN = 64 staged
-// rows (PAIR: 32 of gate, binding 1, and the same 32 of up, binding 6) x SPW stages, a row's stages
-// on neighbouring invocations, so its stores are contiguous. Rows are padded to 128 per half
-// (mma_values' f16_row); rows past N copy row N - 1.
+// Each invocation turns ITEMS (row, stage) items into f16 values and stores them, from registers:
+// no workgroup memory and no barrier. A stage is SUB = 2 sub-blocks, 64 values: the reader's two
+// units (every reader has UNITS = SUB), which between them write both sub-blocks' lanes and scale
+// terms. (Staging 64 rows a stage at a time in workgroup memory, two barriers a stage, streamed
+// about 1.15 TB/s of reads and writes on an H100: perf/h200/profile-8b-pp512-2026-12-06-h100-s36.json.)
+// A workgroup covers BN = 64 staged rows (PAIR: 32 of gate, binding 1, and the same 32 of up,
+// binding 6) x SPW stages, a row's stages on neighbouring invocations, so its stores are
+// contiguous. Rows are padded to 128 per half (mma_values' f16_row); rows past N copy row N - 1.
 // Dispatch (ceil(N / OUT_ROWS) rounded up to 128 rows, ceil(K / (KS SPW)), 1).
 
 // #include mmq_expert_none
