@@ -5,12 +5,9 @@
 // v = d scale[i / 16] (q - 32): q - 32 fits int8, and each 16 values of the
 // activations' vec4 order share one scale (SCALE16). A staging unit is
 // values [16h, 16h + 16) of one sub-block pair 2c, 2c + 1 of the stage (units
-// per stage: SUB): 16 bytes of ql for each and the 16 bytes of qh they share.
-// Blocks start at any even byte, but every field is 16-aligned within the block:
-// each 16 bytes come from two aligned vec4 (realign), ql's of both sub-blocks from
-// four in a row, with one shift, six vec4 loads a unit where words took fifteen.
-// Unit h = 0 / 1 also writes the two 16-value scales of sub-block 2c / 2c + 1.
-// #include realign
+// per stage: SUB): 16 bytes of ql for each and the 16 bytes of qh they share,
+// read as 5 words each (the block's offset is 0 or 2 mod 4). Unit h = 0 / 1
+// also writes the two 16-value scales of sub-block 2c / 2c + 1.
 
 const UNITS: u32 = SUB;
 const MIN_TERM: bool = false;
@@ -18,33 +15,28 @@ const SCALE16: bool = true;
 const INIT: bool = false;
 
 struct Raw {
-    ql: array<vec4<u32>, 4>,  // the aligned vec4 holding ql of sub-blocks 2c (first two) and 2c + 1
-    qh: array<vec4<u32>, 2>,  // those holding the qh of both
-    sc: u32,                  // the word holding the two scales this unit writes
-    d: u32,                   // the word holding d
+    a: array<u32, 5>,  // ql of sub-block 2c
+    b: array<u32, 5>,  // ql of sub-block 2c + 1
+    h: array<u32, 5>,  // qh of both
+    sc: u32,           // the word holding the two scales this unit writes
+    d: u32,            // the word holding d
 }
 
 fn reader_init(tid: u32) {}
-
-// minus4(v, 32) of each word: bytes below 64 less 32, as int8 lanes.
-fn minus4v(v: vec4<u32>) -> vec4<u32> {
-    return vec4<u32>(minus4(v.x, 0x20202020u), minus4(v.y, 0x20202020u), minus4(v.z, 0x20202020u),
-                     minus4(v.w, 0x20202020u));
-}
 
 fn fetch_unit(slot: u32, rb: u32, k0: u32, u: u32) -> Raw {
     let bb = rb + (k0 / 256u) * 210u;
     let c = (k0 % 256u) / 64u + u / 2u;  // the pair in the block
     let hf = u % 2u;
     let n = c / 2u;
-    let ia = (bb + 64u * n + 16u * hf) >> 4u;
-    let ih = (bb + 128u + 32u * n + 16u * hf) >> 4u;
+    let ia = (bb + 64u * n + 16u * hf) >> 2u;
+    let ih = (bb + 128u + 32u * n + 16u * hf) >> 2u;
     var g: Raw;
-    for (var k = 0u; k < 4u; k++) {
-        g.ql[k] = wvec(slot, ia + k);
+    for (var k = 0u; k < 5u; k++) {
+        g.a[k] = wword(slot, ia + k);
+        g.b[k] = wword(slot, ia + 8u + k);
+        g.h[k] = wword(slot, ih + k);
     }
-    g.qh[0] = wvec(slot, ih);
-    g.qh[1] = wvec(slot, ih + 1u);
     g.sc = wword(slot, (bb + 192u + 2u * (2u * c + hf)) >> 2u);
     g.d = wword(slot, (bb + 208u) >> 2u);
     return g;
@@ -52,18 +44,22 @@ fn fetch_unit(slot: u32, rb: u32, k0: u32, u: u32) -> Raw {
 
 fn put_unit(g: Raw, rb: u32, k0: u32, u: u32, rho: u32, buf: u32) {
     let bb = rb + (k0 / 256u) * 210u;
-    let off = bb & 15u;  // every field's offset from its aligned vec4
+    let odd = (bb & 2u) != 0u;
     let c = (k0 % 256u) / 64u + u / 2u;
     let cl = u / 2u;
     let hf = u % 2u;
     let ns = 4u * (c % 2u);  // nibble shift: sub-blocks 4n + 2 (c % 2) (+ 1) have g >> 1 = c % 2
-    let a = realign(g.ql[0], g.ql[1], off);
-    let b = realign(g.ql[2], g.ql[3], off);
-    let h = realign(g.qh[0], g.qh[1], off) >> vec4<u32>(ns);  // bits 2g of sub-block 2c: g = 2 (c % 2)
-    let qa = ((a >> vec4<u32>(ns)) & vec4<u32>(LO4)) | ((h << vec4<u32>(4u)) & vec4<u32>(0x30303030u));
-    let qb = ((b >> vec4<u32>(ns)) & vec4<u32>(LO4)) | ((h << vec4<u32>(2u)) & vec4<u32>(0x30303030u));
-    put_q(buf, rho, qv(2u * cl, hf), minus4v(qa));
-    put_q(buf, rho, qv(2u * cl + 1u, hf), minus4v(qb));
+    var qa: array<u32, 4>;
+    var qb: array<u32, 4>;
+    for (var k = 0u; k < 4u; k++) {
+        let a = al16(g.a[k], g.a[k + 1u], odd);
+        let b = al16(g.b[k], g.b[k + 1u], odd);
+        let h = al16(g.h[k], g.h[k + 1u], odd) >> ns;  // bits 2g of sub-block 2c: g = 2 (c % 2)
+        qa[k] = minus4(((a >> ns) & LO4) | ((h << 4u) & 0x30303030u), 0x20202020u);
+        qb[k] = minus4(((b >> ns) & LO4) | ((h << 2u) & 0x30303030u), 0x20202020u);
+    }
+    put_q(buf, rho, qv(2u * cl, hf), vec4<u32>(qa[0], qa[1], qa[2], qa[3]));
+    put_q(buf, rho, qv(2u * cl + 1u, hf), vec4<u32>(qb[0], qb[1], qb[2], qb[3]));
     let s = 2u * c + hf;  // the sub-block whose scales: bytes 2s, 2s + 1
     let sc = g.sc >> (8u * ((bb + 192u + 2u * s) & 2u));
     let lo = f32(bitcast<i32>(sc << 24u) >> 24u);

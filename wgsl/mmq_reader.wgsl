@@ -17,8 +17,7 @@
 
 const LO4: u32 = 0x0F0F0F0Fu;
 
-// Vec4 i of staged matrix `slot` (0: w, 1: w2): a whole field of 16-byte aligned blocks, or one of
-// the two a field of 2-byte aligned blocks lies in (realign.wgsl).
+// Vec4 i of staged matrix `slot` (0: w, 1: w2), for types whose blocks are 16-byte aligned.
 fn wvec(slot: u32, i: u32) -> vec4<u32> {
     {{W2_LOAD}}
     return w[i];
@@ -28,6 +27,12 @@ fn wvec(slot: u32, i: u32) -> vec4<u32> {
 fn wword(slot: u32, i: u32) -> u32 {
     {{W2_WORD}}
     return w[i >> 2u][i & 3u];
+}
+
+// Bytes 2 .. 5 of the 8 bytes a, b when `odd`, else a: a 4-byte field at an
+// offset that is 2 mod 4, read from the two words holding it.
+fn al16(a: u32, b: u32, odd: bool) -> u32 {
+    return select(a, (a >> 16u) | (b << 16u), odd);
 }
 
 // The f16 in the high (`hi`) or low half of a word.
