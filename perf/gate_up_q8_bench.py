@@ -6,8 +6,8 @@
 Per type (gate and up of one type; "Q4_K_M": the mix's Q4_K pair), shape (N x K: the 8B's
 14336x4096, qwen35-4b's 9216x2560, gemma4-e2b's 6144x1536) and batch T, three timings:
 `pair` (the unfused pair alone, 8 teams a workgroup), `pair+quant` (it and the quantize_q8 of its
-output: what a decode step runs by default), `fused` (the pair writing its output rounded too, 32
-teams a workgroup: what INFR_GEMV_Q8=1 runs; this script turns it on itself). Each measurement encodes --reps sequences in one pass, rotating
+output: what INFR_GEMV_Q8=0 runs), `fused` (the pair writing its output rounded too, 32
+teams a workgroup: what a decode step runs by default; this script turns it on whatever the environment says). Each measurement encodes --reps sequences in one pass, rotating
 over copies of the weights (>= 256 MB, / scale^2, past L2), timed from the host (perf/timing.py):
 µs per sequence and weight GB/s. --scale s divides N and K by s (K kept whole 256-value blocks).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("INFR_GEMV_Q8", "1")  # the rounding pair is opt-in: time it
+os.environ.setdefault("INFR_GEMV_Q8", "1")  # the rounding pair (the default) whatever the environment says
 
 from gemm_bench import random_rows  # perf/ is on sys.path (the script's directory)
 from timing import seconds_per_rep

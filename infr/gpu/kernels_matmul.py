@@ -123,13 +123,14 @@ class GemvTuning:
     UNCHECKED: int = 1
     # 1: the gate||up pair whose output the down projection's int8 GEMV reads next writes it rounded
     # too (gemv_q8_on.wgsl, workgroups of 32 teams: one q8 block of rows each), one quantize_q8
-    # dispatch fewer a layer (INFR_GEMV_Q8=1); 0: the quantize dispatch, the default until its 1024-invocation
-    # workgroups are timed on a GPU (perf/gate_up_q8_bench.py).
-    Q8: int = 0
+    # dispatch fewer a layer; 0 (INFR_GEMV_Q8=0): the quantize dispatch.
+    Q8: int = 1
     # 1: the q|k|v GEMV rotates q and k and stores k and v in the KV cache itself (gemv_rope_on.wgsl,
-    # kernels_qkv_rope), one rope_kv dispatch fewer a layer of "norm" rope (llama) (INFR_GEMV_ROPE=1);
-    # 0: the rope_kv dispatch, the default until a GPU times it.
-    ROPE: int = 0
+    # kernels_qkv_rope), one rope_kv dispatch fewer a layer of "norm" rope (llama); 0 (INFR_GEMV_ROPE=0):
+    # the rope_kv dispatch. Both on, an H100 through Dawn (python3 -m infr.bench -p 0 -n 128 -r 3, runs
+    # alternated, perf/README.md stop 39): 1B tg128 1031.0 / 1032.5 t/s against 926.2 / 925.8, 8B 299.3 /
+    # 299.5 against 297.9 / 297.1.
+    ROPE: int = 1
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":

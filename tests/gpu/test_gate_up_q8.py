@@ -24,7 +24,7 @@ from test_tint import _tint_errors, tint  # noqa: F401  tint: Dawn's Null device
 
 @pytest.fixture(autouse=True)
 def pair_rounds_on():
-    """GemvTuning.Q8 on (INFR_GEMV_Q8=1, off by default until timed on a GPU); tests of the old path set 0."""
+    """GemvTuning.Q8 on (the default; INFR_GEMV_Q8=0 turns it off); tests of the old path set 0."""
     with tuning.override(gemv=replace(tuning.current().gemv, Q8=1)):
         yield
 
