@@ -315,9 +315,9 @@ def max_groups(dev: Device) -> int:
 
 
 # Zero bytes after every weight upload (and inside every view of a mixed stack's matrix, stack_parts).
-# The GEMV's and the tiles' readers of blocks that are not 16-byte aligned (Q8_0, Q5_0, Q4_0, ...)
-# load the aligned vec4 after their bytes whether or not `realign` uses it; unchecked
-# (GemvTuning.UNCHECKED, and always on Dawn) that load must stay inside the binding.
+# The GEMV's readers of blocks that are not 16-byte aligned (Q8_0, Q5_0, Q4_0, ...) load the aligned
+# vec4 after their bytes whether or not `realign` uses it; unchecked (GemvTuning.UNCHECKED, and always
+# on Dawn) that load must stay inside the binding.
 WEIGHT_TAIL = 16
 
 
