@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("INFR_GEMV_Q8", "1")  # the rounding pair (the default) whatever the environment says
+os.environ["INFR_GEMV_Q8"] = "1"  # the rounding pair (the default) whatever the environment says
 
 from gemm_bench import random_rows  # perf/ is on sys.path (the script's directory)
 from timing import seconds_per_rep

@@ -314,7 +314,8 @@ def max_groups(dev: Device) -> int:
     return int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
 
 
-# Zero bytes after every weight upload (and inside every view of a mixed stack's matrix, stack_parts).
+# Zero bytes after every weight upload; every view of a mixed stack's matrix (stack_parts) reaches as
+# far past its bytes (into the next matrix, or that zero tail).
 # The GEMV's readers of blocks that are not 16-byte aligned (Q8_0, Q5_0, Q4_0, ...) load the aligned
 # vec4 after their bytes whether or not `realign` uses it; unchecked (GemvTuning.UNCHECKED, and always
 # on Dawn) that load must stay inside the binding.

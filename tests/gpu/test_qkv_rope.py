@@ -1,6 +1,6 @@
 """The q|k|v GEMV that rotates q and k and stores k and v in the KV cache itself (wgsl/gemv_rope_on.wgsl,
-kernels_qkv_rope; GemvTuning.ROPE): what the stacked GEMV then rope_kv write (q, k, v and both caches;
-the same bits on lavapipe, within rounding where a compiler contracts the rotation otherwise), over a paged cache with rows of two sequences and a padding row, partial rotary, rope
+kernels_qkv_rope; GemvTuning.ROPE): word for word what the stacked GEMV then rope_kv write (q, k, v and
+both caches; on Dawn, where NVIDIA contracts the rotation into fma otherwise, within rounding), over a paged cache with rows of two sequences and a padding row, partial rotary, rope
 factors, a mixed Q4_K / Q6_K stack and batches of 1..9 rows; the lowering drops the rope_kv dispatch of a
 llama layer, keeps it where the epilogue does not apply (NEOX, QK-norms), and decode logits are bit for bit
 those of the unfused graph."""
@@ -79,26 +79,31 @@ def _both(gpu, kernels, types, n_heads, kv_heads, hd, vd, n_rot, T, factors: boo
     return out, kc0, vc0
 
 
-def _assert_same(out, kc0, vc0) -> None:
-    """v and its cache pass through unrotated: the same bits. q, k and the k cache are the same products
-    in another kernel, which a compiler may contract into fma otherwise (Dawn on NVIDIA did: q words 1 to
-    55 f32 steps apart where x cos - y sin cancels; lavapipe gives the same bits): within 8 f32 steps of
-    the row's largest value, and the k cache within one f16 step."""
+def _assert_same(gpu, out, kc0, vc0) -> None:
+    """The same bits as the stacked GEMV then rope_kv, but on Dawn: there q, k and the k cache are the
+    same products in another kernel, which NVIDIA's compiler contracts into fma otherwise (q words 1 to 55
+    f32 steps apart where x cos - y sin cancels): within 2^-20 of each row's largest value, and the k
+    cache within one f16 step of the same. v and its cache pass through unrotated: the same bits."""
     want, got = out
-    for name, i in (("v", 2), ("v cache", 4)):
-        np.testing.assert_array_equal(got[i], want[i], err_msg=name)
-    for name, i in (("q", 0), ("k", 1)):
-        g, w = got[i].view(np.float32), want[i].view(np.float32)
-        np.testing.assert_allclose(g, w, rtol=0, atol=2.0**-20 * float(np.abs(w).max()), err_msg=name)
-    g, w = got[3].view(np.float16).astype(np.float32), want[3].view(np.float16).astype(np.float32)
-    np.testing.assert_allclose(g, w, rtol=2.0**-10, atol=2.0**-24, err_msg="k cache")
+    exact = not gpu.dawn
+    for name, i in (("q", 0), ("k", 1), ("k cache", 3), ("v", 2), ("v cache", 4)):
+        if exact or i in (2, 4):
+            np.testing.assert_array_equal(got[i], want[i], err_msg=name)
+    if not exact:
+        for name, i in (("q", 0), ("k", 1)):
+            g, w = got[i].view(np.float32), want[i].view(np.float32)
+            bound = 2.0**-20 * np.abs(w).max(axis=-1, keepdims=True)
+            assert (np.abs(g - w) <= bound).all(), name
+        g, w = (x.view(np.float16).astype(np.float32) for x in (got[3], want[3]))
+        np.testing.assert_allclose(g, w, rtol=2.0**-10, atol=2.0**-20 * float(np.abs(w).max()) + 2.0**-24,
+                                   err_msg="k cache")
     assert not np.isnan(want[0].view(np.float32)).any()
     assert (want[3] != kc0.reshape(-1)).any() and (want[4] != vc0.reshape(-1)).any()  # the live rows were stored
 
 
 @pytest.mark.parametrize("T", [1, 2, 5, 9])  # one token a workgroup, several, and a ragged last group
 def test_fused_rope_store_equals_rope_kv(gpu, kernels, T):
-    _assert_same(*_both(gpu, kernels, (Q.Q4_K, Q.Q4_K, Q.Q6_K), 4, 2, 64, 64, 64, T, False, T))
+    _assert_same(gpu, *_both(gpu, kernels, (Q.Q4_K, Q.Q4_K, Q.Q6_K), 4, 2, 64, 64, 64, T, False, T))
 
 
 @pytest.mark.parametrize("case", [
@@ -107,7 +112,7 @@ def test_fused_rope_store_equals_rope_kv(gpu, kernels, T):
 ])
 def test_fused_rope_store_shapes(gpu, kernels, case):
     c = {"factors": False, **case}
-    _assert_same(*_both(gpu, kernels, (Q.Q8_0, Q.Q8_0, Q.Q8_0), c["n_heads"], c["kv_heads"], c["hd"], c["vd"],
+    _assert_same(gpu, *_both(gpu, kernels, (Q.Q8_0, Q.Q8_0, Q.Q8_0), c["n_heads"], c["kv_heads"], c["hd"], c["vd"],
                         c["n_rot"], 3, c["factors"], c["hd"]))
 
 
