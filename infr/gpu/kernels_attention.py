@@ -281,7 +281,8 @@ def tiled_kernel(kernels: Kernels, n_heads: int, kv_heads: int, head_dim: int, v
     (naga) 2458 against 1047, so wgpu-native keeps attn_tiled until attn_tiled2 is made fast
     there (its register arrays indexed in loops are the suspect). 3 (attn_mma, the tensor cores) only with
     INFR_ATTN_TILED=3, where the device has the subgroup matrices and the head dims suit them
-    (kernels_attn_mma.takes), elsewhere the device's choice: it has not yet run on a GPU. `tiling`:
+    (kernels_attn_mma.takes), elsewhere the device's choice: on an H100 it was no faster than attn_tiled2
+    (kernels_attn_mma). `tiling`:
     attn_tiled2's (M, QPI, KPI), or attn_mma's (M, BK) with INFR_ATTN_TILED=3."""
     if TU.current().attention.tiled == 3:
         if (tiling is None or len(tiling) == 2) and KAM.takes_shape(kernels.dev, n_heads, kv_heads, head_dim,

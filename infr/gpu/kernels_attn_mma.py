@@ -7,8 +7,9 @@ exponentials, masks and the f16 rounding of the normalised probabilities stay sc
 memory. The query matrices, the scores and the output accumulators are variables of their own, generated
 here (as kernels_mma's: arrays of matrices indexed in loops stay in memory).
 
-Knobs (AttentionTuning, read once): INFR_ATTN_TILED=3 takes this kernel where it runs (not yet by default:
-it has not run on a GPU), INFR_ATTN_MMA="M,BK" its tiling.
+Knobs (AttentionTuning, read once): INFR_ATTN_TILED=3 takes this kernel where it runs, INFR_ATTN_MMA="M,BK"
+its tiling. Not by default: on an H100 through Dawn the attention tests pass at every tiling, but the 8B's
+pp512 was no faster than with attn_tiled2 (8287 against 8390 t/s, runs alternated; perf/README.md, stop 40).
 """
 
 from __future__ import annotations
@@ -92,9 +93,12 @@ def generated(head_dim: int, v_head_dim: int, tile: AttnMma) -> dict[str, str]:
                   f"    let q_{d} = subgroupMatrixLoad<{LEFT}>(&pr, pb, false, LDP);", "    workgroupBarrier();"]
     scores = []
     for j in range(nk):
-        scores.append(f"{ind}var s_{j}: {RESULT};")
+        # The first product starts the sum: a `var` declared in the tile loop without one kept the last
+        # tile's scores on NVIDIA (walks of two or more tiles came out wrong, one-tile walks right).
+        k_0 = f"subgroupMatrixLoad<{RIGHT}>(&kv, {16 * j}u * LDK, true, LDK)"
+        scores.append(f"{ind}var s_{j} = subgroupMatrixMultiply<f32>(q_0, {k_0});")
         scores += [f"{ind}s_{j} = subgroupMatrixMultiplyAccumulate(q_{d}, subgroupMatrixLoad<{RIGHT}>(&kv, "
-                   f"{16 * j}u * LDK + {16 * d}u, true, LDK), s_{j});" for d in range(nd)]
+                   f"{16 * j}u * LDK + {16 * d}u, true, LDK), s_{j});" for d in range(1, nd)]
         scores.append(f"{ind}subgroupMatrixStore(&sc, sb + {16 * j}u, s_{j}, false, LDS);")
     pv = []
     for j in range(nk):
@@ -106,7 +110,7 @@ def generated(head_dim: int, v_head_dim: int, tile: AttnMma) -> dict[str, str]:
         ostore += [f"    subgroupMatrixStore(&sc, sb, o_{n}, false, LDS);", "    workgroupBarrier();",
                    f"    write_out({n}u, sb, lane, orow, c0, n_rows, t0 + r_m);", "    workgroupBarrier();"]
     return {"QLOAD": "\n".join(qload), "SCORES": "\n".join(scores), "PV": "\n".join(pv),
-            "ODECL": "\n".join(f"    var o_{n}: {RESULT};" for n in range(nv)), "OSTORE": "\n".join(ostore)}
+            "ODECL": "\n".join(f"    var o_{n} = {RESULT}();" for n in range(nv)), "OSTORE": "\n".join(ostore)}
 
 
 def pipeline(kernels, n_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, block_size: int,
