@@ -39,10 +39,11 @@
 // (WG 1024), so its 32 rows are one whole 32-value block of the rounded layout.
 // ROPE_OUT (gemv_rope_on.wgsl; SPLIT only): q and k rotated and k, v stored in the KV cache in the
 // epilogue, the rope_kv dispatch fused.
+// NORM_IN (gemv_norm_on.wgsl; one token a workgroup): binding 2 holds the rows of a plain RMSNorm's
+// input, which the prologue norms and rounds into workgroup memory, the rmsnorm_q8 dispatch fused.
 // dispatch (ceil(N_chunk / ROWS_PER_WG), ceil(T / NT), 1), numbered by grid_cell (matmul_common).
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
 
 // #include matmul_common
 // #include activations
@@ -54,6 +55,7 @@
 {{EXPERT}}
 {{Q8_OUT}}
 {{ROPE_OUT}}
+{{NORM_IN}}
 
 const R: u32 = {{R}}u;        // weight rows per team
 const U: u32 = {{U}}u;        // block steps unrolled
@@ -71,6 +73,9 @@ const OUT: u32 = select(R, 1u, PAIR);  // output rows per team
 const LO: u32 = 0x0F0F0F0Fu;
 
 const RN: u32 = R * NT;       // sums per lane: row i of token j at j * R + i
+const Q8_SLOTS: u32 = {{Q8_SLOTS}}u;  // q8_block's entries: 8 NT (Q8_OUT), else 1 (unused)
+var<workgroup> q8_amax: array<f32, Q8_SLOTS>;
+var<workgroup> q8_isum: array<i32, Q8_SLOTS>;
 var<workgroup> partial: array<f32, {{PARTIAL}}>;  // the reduction's: WG * RN, (WG / SG) * RN with subgroups
 
 // Stands in for subgroupAdd where the adapter has no subgroups (that branch never runs).
@@ -224,6 +229,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (t0 >= params.T || expert_skip(t0)) {  // expert_on: NT == 1, t0 a (token, slot) pair
         return;
     }
+    norm_in(tid, t0);  // NORM_IN: the token's input norm, rounded into workgroup memory
     let team = tid / TEAM;
     let lane = tid % TEAM;
     let part = lane % 8u;
@@ -251,7 +257,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 // One token: the activations first, then each row's weights meet them as they
                 // are read. Holding R rows' weights before the dot products (the batched order
                 // below) costs the fused gate||up a third of its bandwidth on the H200.
-                let xrow = x_token(t0) * params.x_stride;
+                let xrow = x_row(t0);
                 var x: XL;
                 if (SAME_X) {
                     x = seg_x(0u, xrow, xrow + xk, bc, p);
@@ -270,7 +276,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             for (var j = 0u; j < NT; j++) {
                 // Tokens past T (the batch's last workgroup) read token T - 1 and are not stored.
-                let xrow = min(t0 + j, params.T - 1u) * params.x_stride;
+                let xrow = x_row(min(t0 + j, params.T - 1u));
                 var x: XL;
                 if (SAME_X) {
                     x = seg_x(0u, xrow, xrow + xk, bc, p);

@@ -11,8 +11,7 @@
 @group(0) @binding(7) var<storage, read_write> yq: array<u32>;
 
 var<workgroup> q8_vals: array<f32, 32 * NT>;  // token j's row i of the block at 32 j + i
-var<workgroup> q8_amax: array<f32, 8 * NT>;
-var<workgroup> q8_isum: array<i32, 8 * NT>;
+// q8_block's q8_amax and q8_isum are gemv.wgsl's (Q8_SLOTS = 8 NT entries; NORM_IN includes q8_block too)
 
 // Team `row` (the block's row) keeps token j's output.
 fn q8_keep(j: u32, row: u32, v: f32) {

@@ -20,6 +20,7 @@ struct Params {
     row_bytes3: u32, // of its third,
     off2: u32,       // and the bytes where the second and third segments start
     off3: u32,
+    eps: f32,        // gemv.wgsl's NORM_IN: its input norm's epsilon
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

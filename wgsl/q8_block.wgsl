@@ -22,7 +22,8 @@ fn q8_block(vals: vec4<f32>, tid: u32, lead: u32, mine: bool) -> Q8Block {
     for (var k = 0u; k < 8u; k++) {
         m = max(m, q8_amax[lead + k]);
     }
-// #include q8_round_{{Q8_ROUND}}
+    let r = q8_round(vals, m);
+    let q = r.q;
     if (mine) {
         q8_isum[tid] = q.x + q.y + q.z + q.w;
     }
@@ -33,5 +34,11 @@ fn q8_block(vals: vec4<f32>, tid: u32, lead: u32, mine: bool) -> Q8Block {
             s += q8_isum[lead + k];
         }
     }
-    return Q8Block(q, d, s);
+    return Q8Block(q, r.d, s);
+}
+
+// The rounding (q8_round_*) of 4 values of a block whose max |x| is m: their q and the block's d (s 0).
+fn q8_round(vals: vec4<f32>, m: f32) -> Q8Block {
+// #include q8_round_{{Q8_ROUND}}
+    return Q8Block(q, d, 0);
 }

@@ -99,6 +99,7 @@ class Graphs:
         lower = Lowering(self, T, far, decode)
         body = []
         ops = list(self.plan.embed + self.plan.layers)
+        walk = ops + list(self.plan.head)  # what reads a norm's output (Lowering.norm_in)
         i = 0  # the group's first op in `ops`
         for g in self.plan.groups:  # the runs the plan names for fusion (infr/fusion.py)
             self._report("graph", i, len(ops) + 1)  # pipelines compile as the first layer lowers
@@ -137,7 +138,9 @@ class Graphs:
             else:  # one op, or a group no kernel fuses here: its ops one by one
                 for j, op in enumerate(g.ops):
                     lower.ahead, lower.ahead2 = _next_two(ops, i + j)
+                    lower.after = (walk, i + j)
                     body += lower.op(op)
+                    lower.after = None
             i += len(g.ops)
         x_buf = lower.current("x")
         ends = {name: lower.current(name) for name in self.plan.carried}  # what a layer split hands on
@@ -148,7 +151,9 @@ class Graphs:
                 lower.bind_external("x", self.tail)
             for j, op in enumerate(self.plan.head):
                 lower.ahead, lower.ahead2 = _next_two(self.plan.head, j)
+                lower.after = (self.plan.head, j)
                 head += lower.op(op)
+                lower.after = None
         logits = lower.current("logits") if n_logits and self.plan.head else None  # a split's first parts: no head
         body, head = HM.recording(body), Recording(head)  # prepared once, re-encoded every call
         self._graphs[key] = (body, head, x_buf, logits, ends)

@@ -55,7 +55,7 @@ def params_gemm(
     has_bias: bool, T: int, has_resid: bool, bias0: int,
 ):
     """gemm.wgsl Params (field order of the WGSL struct)."""
-    return KM._pack([
+    return KM.pack_params([
         ("K", "u32", K), ("N", "u32", N), ("wrow0", "u32", wrow0), ("ycol0", "u32", ycol0),
         ("row_bytes", "u32", row_bytes), ("x_stride", "u32", x_stride), ("y_stride", "u32", y_stride),
         ("has_bias", "u32", int(has_bias)), ("T", "u32", T), ("has_resid", "u32", int(has_resid)),

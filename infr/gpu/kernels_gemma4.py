@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from infr.gpu import kernels_embed as KE
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_misc as KS
 from infr.gpu.runtime import Dispatch, Kernels, storage
@@ -91,7 +92,7 @@ def lower_per_layer_inputs(lower, op: PerLayerInputs) -> list[Dispatch]:
     half = float(np.float32(1.0) / np.sqrt(np.float32(2.0)))
     ds = [mul_dispatch(k, proj, one, T * n, 1, proj_scale),
           KS.rmsnorm_dispatch(k, proj, be.weights[op.norm][0], normed, n, op.width, op.eps, T)]
-    ds += KM.embed_dispatches(k, be.gf.tensor(op.table), be.weights[op.table], be.ids, rows, row_scale, T)
+    ds += KE.embed_dispatches(k, be.gf.tensor(op.table), be.weights[op.table], be.ids, rows, row_scale, T)
     y = lower.target(op.dst)
     ds.append(add_scaled_dispatch(k, normed, rows, y, T * n, half))
     return ds

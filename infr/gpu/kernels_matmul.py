@@ -4,8 +4,8 @@ Weights are uploaded once, in their GGUF block layout (never expanded), as a
 list of row chunks: a chunk holds whole rows, fits one storage binding and has
 few enough rows that `ceil(rows / ROWS_PER_WG)` workgroups fit one dispatch
 dimension. The matmul of a chunked weight is one dispatch per chunk, each
-writing its own column range of `y`; the embedding lookup is one dispatch per
-chunk, each writing the tokens whose id falls inside it. See docs/gpu_kernels.md.
+writing its own column range of `y` (the embedding lookup over such chunks:
+kernels_embed). See docs/gpu_kernels.md.
 
 Params packers return the exact bytes of the WGSL `Params` struct: fields in
 declaration order, u32 / f32 little-endian, zero-padded to a multiple of 16.
@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType as Q
 from infr.errors import UnsupportedError
 from infr.numerics import Q8_ACTIVATIONS, gelu_f16_table
 from infr.gpu import kernels_gemv_float as KGF
+from infr.gpu import kernels_norm_in as KN
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import tuning as TU
 from infr.gpu.device import Device
@@ -40,7 +41,6 @@ GPU_TYPES = frozenset(
 _FLOAT_BLOCKS = {Q.F32: (4, 16), Q.F16: (8, 16), Q.BF16: (8, 16)}
 
 MATMUL_WG = 64
-EMBED_WG = 64  # embed.wgsl's @workgroup_size
 # Rows per matmul workgroup. With 64 threads that is a team of 16 per row: a
 # 1024-wide Q4_K row is 4 blocks, a 4096-wide one 16, so teams stay busy on
 # the short rows of small models without idling on long ones.
@@ -131,13 +131,17 @@ class GemvTuning:
     # alternated, perf/README.md stop 39): 1B tg128 1031.0 / 1032.5 t/s against 926.2 / 925.8, 8B 299.3 /
     # 299.5 against 297.9 / 297.1.
     ROPE: int = 1
+    # 1: a plain RMSNorm that only int8 GEMVs read runs in their prologue (gemv_norm_on.wgsl,
+    # kernels_norm_in), at one token a step, where the prologues read little: the 1B's attention
+    # norm goes (tg128 +3.5 to 5 % on an H100), the 8B keeps both.
+    NORM: int = 1
 
     @classmethod
     def from_env(cls, env) -> "GemvTuning":
-        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED", "Q8", "ROPE")
+        keys = ("R", "U", "UB", "SG", "NT", "UNCHECKED", "Q8", "ROPE", "NORM")
         t = cls(**{k: int(env[f"INFR_GEMV_{k}"]) for k in keys if env.get(f"INFR_GEMV_{k}")})
         if (t.R not in (1, 2, 4) or t.U not in (1, 2, 4) or t.UB not in (1, 2, 4) or (t.SG > 0 and 32 % t.SG) or t.NT not in (1, 2, 4, 8, 16)
-                or t.UNCHECKED not in (0, 1) or t.Q8 not in (0, 1) or t.ROPE not in (0, 1)):
+                or t.UNCHECKED not in (0, 1) or t.Q8 not in (0, 1) or t.ROPE not in (0, 1) or t.NORM not in (0, 1)):
             raise ValueError(f"bad GEMV tuning {t}")
         return t
 
@@ -209,15 +213,27 @@ def gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, i
     return wg, R, (wg // t.SG if t.SG else wg) * R * nt
 
 
+def gemv_needs(dev: Device, pair: bool = False, split: bool = False, q8_out: bool = False, rope: bool = False,
+               table: bool = False, T: int = 1) -> tuple[int, int, int]:
+    """(workgroup bytes, storage buffers, output rows a workgroup) of the GEMV of this kind: what
+    kernels_norm_in.takes weighs."""
+    t = GemvTuning.for_device(dev)
+    nt = t.tokens(T)
+    wg, R, partial = gemv_shape(t, pair, nt, q8_out)
+    shared = 4 * (partial + 16 + (48 * nt if q8_out else 0) + (GEMV_TEAMS * R * nt if rope else 0))
+    return shared, 5 + 2 * (split or pair) - (pair and not q8_out) + 6 * rope + table, wg // 32 * (1 if pair else R)
+
+
 def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
-                  expert: bool = False, q8_out: bool = False, rope: dict | None = None):
+                  expert: bool = False, q8_out: bool = False, rope: dict | None = None, norm: KN.NormIn | None = None):
     """The GEMV over rows of `types` (one type; a pair's gate and up types; a
     split's segment types) for a plain product, the fused gate||up with
     activation `pair_act`, or the stacked q|k|v with `split`, for batches of
     T tokens; its output rows per workgroup and its tokens per workgroup.
     `expert`: rows of an expert bank picked per token by the router (kernels_moe; one token a workgroup).
     `q8_out` (a pair, dense or over expert banks; pair_rounds): the output also rounded, into binding 7.
-    `rope` (a split: kernels_qkv_rope's consts): q and k rotated, k and v stored in the KV cache too."""
+    `rope` (a split: kernels_qkv_rope's consts): q and k rotated, k and v stored in the KV cache too.
+    `norm` (kernels_norm_in, one token): binding 2 holds the rows of the input norm's input, normed in the prologue."""
     t = GemvTuning.for_device(kernels.dev)
     qs = [as_qtype(q) for q in ((types,) if isinstance(types, (Q, int, str)) else types)]
     qs = (qs + [qs[-1]] * 3)[:3]
@@ -227,6 +243,8 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
     if rope is not None and not split:
         raise ValueError("only the q|k|v split rotates and stores its rows")
     nt = 1 if expert else t.tokens(T)
+    if norm is not None and (nt != 1 or t.SG < 8):
+        raise ValueError("the GEMV norms its input for one token a workgroup, with subgroups of 8 or more")
     U = t.U if nt == 1 else t.UB
     wg, R, partial = gemv_shape(t, pair, nt, q8_out)
     names = [wgsl_name(q) for q in qs]
@@ -241,6 +259,8 @@ def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: b
         SPLIT_DECL="// #include gemv_split" if split else "",
         STORE="rope_keep" if rope is not None else "store_split" if split else "store_row",
         ROPE_OUT=f"// #include gemv_rope_{'off' if rope is None else 'on'}", **(rope or {}),
+        **(norm.consts() if norm is not None else KN.off_consts()),
+        Q8_SLOTS=8 * nt if q8_out else 1,
         EXPERT=expert_include(expert),
         READERS="\n".join(f"// #include gemv_{n}" for n in dict.fromkeys(names)),
         PROLOGUE="iq4_init(tid);" if any(q in _IQ4 for q in qs) else "",
@@ -279,7 +299,7 @@ def rows_per_workgroup(qtype) -> int:
     return _ROWS_PER_WG
 
 
-def _pack(fields: list[tuple[str, str, object]]) -> np.ndarray:
+def pack_params(fields: list[tuple[str, str, object]]) -> np.ndarray:
     dt = np.dtype([(name, "<u4" if kind == "u32" else "<f4") for name, kind, _ in fields])
     rec = np.zeros(1, dt)
     for name, _, value in fields:
@@ -291,22 +311,15 @@ def _pack(fields: list[tuple[str, str, object]]) -> np.ndarray:
 def params_matmul(
     K: int, N: int, row0: int, row_bytes: int, x_stride: int, y_stride: int, has_bias: bool, T: int,
     has_resid: bool = False, split1: int = 0, split2: int = 0,
-    row_bytes2: int = 0, row_bytes3: int = 0, off2: int = 0, off3: int = 0,
+    row_bytes2: int = 0, row_bytes3: int = 0, off2: int = 0, off3: int = 0, eps: float = 0.0,
 ) -> np.ndarray:
     """matmul_common.wgsl Params; N is the chunk's row count, row0 its first global row."""
-    return _pack([
+    return pack_params([
         ("K", "u32", K), ("N", "u32", N), ("row0", "u32", row0), ("row_bytes", "u32", row_bytes),
         ("x_stride", "u32", x_stride), ("y_stride", "u32", y_stride), ("has_bias", "u32", int(has_bias)),
         ("T", "u32", T), ("has_resid", "u32", int(has_resid)), ("split1", "u32", split1), ("split2", "u32", split2),
         ("row_bytes2", "u32", row_bytes2), ("row_bytes3", "u32", row_bytes3), ("off2", "u32", off2),
-        ("off3", "u32", off3),
-    ])
-
-
-def params_embed(K: int, rows: int, row0: int, row_bytes: int, scale: float, T: int) -> np.ndarray:
-    return _pack([
-        ("K", "u32", K), ("rows", "u32", rows), ("row0", "u32", row0), ("row_bytes", "u32", row_bytes),
-        ("scale", "f32", scale), ("T", "u32", T),
+        ("off3", "u32", off3), ("eps", "f32", eps),
     ])
 
 
@@ -396,7 +409,8 @@ def matmul_dispatches(
     must not be y itself). Strides are in floats and default to K (x) and N (y).
     Types with an int8 GEMV (has_gemv): it multiplies x rounded to 8 bits
     (kernels_q8), by a quantize dispatch put first, or already rounded in `xq`
-    (x is then unread). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
+    (x is then unread), or normed and rounded in the GEMV's prologue where `xq` is a
+    kernels_norm_in.NormIn (its x then the input, T = 1). Other Q8_ACTIVATIONS shapes take the f32 GEMM, which rounds.
     F32 / F16 / BF16 take the float GEMV (kernels_gemv_float.has_float_gemv), the rest matmul.wgsl.
     """
     q, shape = _weight_shape(w, dims)
@@ -412,13 +426,17 @@ def matmul_dispatches(
     rb = row_bytes(q, K)
     out = []
     floats = False
+    norm = xq if isinstance(xq, KN.NormIn) else None
+    if norm is not None and not (has_gemv(q, K) and x_stride in (None, K)):
+        raise ValueError(f"no GEMV of {q.name} over rows of {x_stride or K} norms its input")
     if has_gemv(q, K):  # int8 activations, a team of lanes reads each block together
-        pipe, rows_wg, nt = gemv_pipeline(kernels, q, T=T)
-        label = f"gemv_{wgsl_name(q)}"
+        pipe, rows_wg, nt = gemv_pipeline(kernels, q, T=T, norm=norm)
+        label = f"gemv_{wgsl_name(q)}{'_norm' if norm else ''}"
         if xq is None:
             quant, xq = KQ.quantize_dispatch(kernels, x, K, T, x_stride)
             out.append(quant)
-        x, x_stride = xq, KQ.words(K) // 4  # the GEMV reads the rounded rows, in vec4
+        # the GEMV reads the rounded rows, in vec4 (or the norm's input, normed in its prologue)
+        x, x_stride = (norm.x, K) if norm else (xq, KQ.words(K) // 4)
     elif q in Q8_ACTIVATIONS:  # K % 64 != 0: the f32 GEMM rounds its activations itself
         from infr.gpu import kernels_gemm as KG
 
@@ -433,11 +451,14 @@ def matmul_dispatches(
     for buf, row0, rows in chunks:
         if floats:  # the team width follows the chunk's shape
             pipe, rows_wg, nt = KGF.float_gemv_pipeline(kernels, q, rows, K, T)
-        data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None)
+        data = params_matmul(K, rows, row0, rb, x_stride or K, y_stride or N, bias is not None, T, resid is not None,
+                             eps=norm.eps if norm else 0.0)
         p = storage(kernels.dev, data, label="matmul.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)
         r = resid if resid is not None else _no_bias(kernels)
-        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, x, y, b, r]), groups, f"{label} {N}x{K}", rows * rb))
+        res = [p, buf, x, y, b, r]
+        bind = kernels.bind(pipe, norm.resources(res) if norm else res)
+        out.append(Dispatch(pipe, bind, groups, f"{label} {N}x{K}", rows * rb))
     return out
 
 
@@ -469,23 +490,24 @@ def gate_up_dispatches(
     K, N = int(wg.shape[-1]), int(wg.shape[0])
     if yq is not None and not pair_rounds(kernels.dev, N, chunks_g, T):
         raise ValueError(f"the gate||up pair of {N} rows cannot write its output rounded here")
+    norm = xq if isinstance(xq, KN.NormIn) else None
     pipe, rows_wg, nt = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), T=T,
-                                      q8_out=yq is not None)
+                                      q8_out=yq is not None, norm=norm)
     rb, rb2 = row_bytes(qg, K), row_bytes(qu, K)
     none = _no_bias(kernels)
     out = []
     if xq is None:
         quant, xq = KQ.quantize_dispatch(kernels, x, K, T)
         out.append(quant)
-    x = xq
+    x = norm.x if norm else xq
     name = wgsl_name(qg) if qg == qu else f"{wgsl_name(qg)}_{wgsl_name(qu)}"
     for (bg, row0, rows), (bu, _, _) in zip(chunks_g, chunks_u):
-        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2),
-                    label="gate_up.params", uniform=True)
+        p = storage(kernels.dev, params_matmul(K, rows, row0, rb, KQ.words(K) // 4, N, False, T, row_bytes2=rb2,
+                                               eps=norm.eps if norm else 0.0), label="gate_up.params", uniform=True)
         groups = (-(-rows // rows_wg), -(-T // nt), 1)
-        res = [p, bg, x, y, none, none, bu] + ([yq] if yq is not None else [])
-        bind = kernels.bind(pipe, pair_resources(kernels, res, act))
-        label = f"gemv_{name}_gate_up{'_q8' if yq is not None else ''} {N}x{K}"
+        res = pair_resources(kernels, [p, bg, x, y, none, none, bu] + ([yq] if yq is not None else []), act)
+        bind = kernels.bind(pipe, norm.resources(res) if norm else res)
+        label = f"gemv_{name}_gate_up{'_q8' if yq is not None else ''}{'_norm' if norm else ''} {N}x{K}"
         out.append(Dispatch(pipe, bind, groups, label, rows * (rb + rb2)))
     return out
 
@@ -547,12 +569,14 @@ def stack_parts(tensors, chunks) -> list[list[tuple]]:
 def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, xq=None, rope=None) -> list[Dispatch]:
     """ys[i][t] = W_i @ x[t] (+ bias) for the stacked matrices in one dispatch;
     `bias` is one buffer with every matrix's rows (zeros where one has none). `rope`
-    (kernels_qkv_rope.StackRope): q and k rotated and k, v stored in the KV cache in the same dispatch."""
+    (kernels_qkv_rope.StackRope): q and k rotated and k, v stored in the KV cache in the same dispatch.
+    `xq` a kernels_norm_in.NormIn: x normed in the prologue (matmul_dispatches)."""
     qs = [as_qtype(t.qtype) for t in tensors]
     K = int(tensors[0].shape[-1])
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T, rope=rope.consts() if rope else None)
+    norm = xq if isinstance(xq, KN.NormIn) else None
+    pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T, rope=rope.consts() if rope else None, norm=norm)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N
     layout = stack_layout(tensors) + [(0, 0)]
@@ -563,34 +587,15 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, x
         d, xq = KQ.quantize_dispatch(kernels, x, K, T)
         quant.append(d)
     data = params_matmul(K, N, 0, rbs[0], KQ.words(K) // 4, N, bias is not None, T, False, split1, split2,
-                         row_bytes2=rbs[1], row_bytes3=rbs[2], off2=layout[1][0], off3=layout[2][0])
+                         row_bytes2=rbs[1], row_bytes3=rbs[2], off2=layout[1][0], off3=layout[2][0],
+                         eps=norm.eps if norm else 0.0)
     p = storage(kernels.dev, data, label="qkv.params", uniform=True)
     none = _no_bias(kernels)
     # Outputs a two-matrix stack lacks get a buffer of their own: a writable binding may not alias `none`.
     outs = list(ys) + [_no_output(kernels)] * (3 - len(ys))
     extra = rope.bindings(kernels) if rope else []
-    bind = kernels.bind(pipe, [p, buf, xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2], *extra])
+    res = [p, buf, norm.x if norm else xq, outs[0], bias if bias is not None else none, none, outs[1], outs[2], *extra]
+    bind = kernels.bind(pipe, norm.resources(res) if norm else res)
     name = wgsl_name(qs[0]) if not is_mixed(tensors) else "_".join(dict.fromkeys(wgsl_name(q) for q in qs))
-    label = f"gemv_{name}_stacked{'_rope_kv' if rope else ''} {'+'.join(map(str, sizes))}x{K}"
+    label = f"gemv_{name}_stacked{'_rope_kv' if rope else ''}{'_norm' if norm else ''} {'+'.join(map(str, sizes))}x{K}"
     return quant + [Dispatch(pipe, bind, (-(-N // rows_wg), -(-T // nt), 1), label, sum(n for _, n in layout))]
-
-
-def embed_dispatches(kernels: Kernels, w, chunks, ids, y, scale: float, T: int, K: int | None = None) -> list[Dispatch]:
-    """Dispatches for y[t] = W[ids[t]] * scale, one per table chunk.
-
-    `w` is the table's Tensor, or its qtype with the row width given as K.
-    """
-    if hasattr(w, "qtype") and hasattr(w, "shape"):
-        q, K = as_qtype(w.qtype), int(w.shape[-1])
-    else:
-        q = as_qtype(w)
-        if K is None:
-            raise TypeError("embed_dispatches needs K with a bare qtype")
-    rb = row_bytes(q, K)
-    pipe = kernels.pipeline("embed", "main", QTYPE=wgsl_name(q))
-    out = []
-    for buf, row0, rows in chunks:
-        p = storage(kernels.dev, params_embed(K, rows, row0, rb, scale, T), label="embed.params", uniform=True)
-        groups = (-(-K // EMBED_WG), T, 1)
-        out.append(Dispatch(pipe, kernels.bind(pipe, [p, buf, ids, y]), groups, f"embed_{wgsl_name(q)}"))
-    return out

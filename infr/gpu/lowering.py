@@ -11,6 +11,7 @@ the buffers and KV store and runs the graphs this builds.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,13 +21,15 @@ from infr.gguf_file import GGUFFile
 from infr.gpu import host_moe as HM
 from infr.gpu import kernels_attention as KA
 from infr.gpu import kernels_deltanet as KDN
-from infr.gpu import kernels_gemma4 as KG4
+from infr.gpu import kernels_embed as KE
 from infr.gpu import kernels_gemm as KG
+from infr.gpu import kernels_gemma4 as KG4
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
-from infr.gpu import kernels_misc as KS
 from infr.gpu import kernels_moe as KMoE
+from infr.gpu import kernels_norm_in as KN
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import kernels_qkv_rope as KQR
 from infr.gpu.runtime import Dispatch
@@ -51,7 +54,9 @@ class Lowering:
         self.external: dict[str, object] = {}
         self.ahead = None  # the next plan op (a norm feeding a Q4_K GEMV also rounds its output)
         self.ahead2 = None  # and the one after (a MoE's experts read the norm past its router)
-        self.q8 = None  # (buffer, K, scratch): whose rounded rows the q8 scratch holds (kernels_q8)
+        self.q8 = None  # (buffer, K, scratch): whose rounded rows the q8 scratch holds (kernels_q8), or a
+        # kernels_norm_in.NormIn for the scratch: a norm the GEMV reading it runs in its prologue
+        self.after: tuple[list, int] | None = None  # (ops, i): the op lowered alone is ops[i] (what reads its output)
 
     def current(self, name: str):
         if name in self.external:
@@ -73,21 +78,60 @@ class Lowering:
             self.q8 = None  # overwritten: its rounded rows are stale
         return pair[self.phys[name]]
 
-    def q8_input(self, x, K: int) -> tuple[list[Dispatch], object]:
+    def q8_input(self, x, K: int, fuse: tuple | None = None) -> tuple[list[Dispatch], object]:
         """x rounded for the Q4_K GEMV: the q8 scratch when it already holds x
-        (q, k, v or gate, up after one norm), else a quantize dispatch first."""
+        (q, k, v or gate, up after one norm), else a quantize dispatch first. A norm put off
+        (norm_in) comes back as its NormIn where `fuse` = (rows, workgroup bytes, storage buffers, rows a
+        workgroup) of the GEMV asking lets it norm its input itself (kernels_norm_in.takes), else as its
+        rmsnorm_q8."""
         if self.q8 is not None and self.q8[0] is x and self.q8[1] == K:
-            return [], self.q8[2]
+            xq = self.q8[2]
+            if isinstance(xq, KN.NormIn) and not (fuse and KN.takes(self.be.dev, K, fuse[0], self.rows, *fuse[1:])):
+                d, xq = KQ.rmsnorm_q8_dispatch(self.k, xq.x, xq.g, x, K, xq.eps, self.rows)
+                self.q8 = (x, K, xq)
+                return [d], xq
+            return [], xq
         d, xq = KQ.quantize_dispatch(self.k, x, K, self.rows)
         self.q8 = (x, K, xq)
         return [d], xq
 
-    def _gemv_q8(self, t, x, q8: bool) -> tuple[list[Dispatch], object]:
+    def _gemv_q8(self, t, x, q8: bool, fuse: tuple | None = None) -> tuple[list[Dispatch], object]:
         """([], None) unless weight t (of a matmul marked q8, MatMul.q8) runs the int8 GEMV on this
-        graph's batches."""
+        graph's batches; `fuse` as q8_input's."""
         if KG.use_gemm(self.rows, self.be.dev) or not _reads_q8(t, q8):
             return [], None
-        return self.q8_input(x, int(t.shape[-1]))
+        return self.q8_input(x, int(t.shape[-1]), fuse)
+
+    def norm_in(self, norm: RMSNorm, x, g, y) -> bool:
+        """Whether the norm (y = rmsnorm(x) * g, feeding the int8 GEMV) is put off into the GEMVs that read
+        it (kernels_norm_in): one row a step on the GEMV, and the ops that read the output before it is
+        rewritten are the matmuls right after the norm, each reading it rounded by the int8 GEMV over rows
+        of its width and none writing x (the q8 scratch holds one value: any op between them may
+        replace it, and an unwritten y would then be read)."""
+        width = self.be.widths[norm.src]
+        if (self.rows != 1 or not KM.GemvTuning.for_device(self.be.dev).NORM or width % 256 or self.after is None
+                or KG.use_gemm(self.rows, self.be.dev) or norm.dst in self.be.plan.carried):
+            return False
+        ops, i = self.after
+        readers, next_to = 0, True  # matmuls of y so far; whether they all came right after the norm
+        for op in ops[i + 1:]:
+            names = [getattr(op, f.name) for f in fields(op)]
+            if isinstance(op, MatMul) and op.src == norm.dst:
+                t = self.be.gf.tensor(op.weight)
+                if not (next_to and op.dst != norm.src and _reads_q8(t, op.q8) and KM.has_gemv(t.qtype, width)
+                        and int(t.shape[-1]) == width):
+                    return False
+                readers += 1
+            elif norm.dst in names:
+                if getattr(op, "dst", None) != norm.dst or names.count(norm.dst) > 1:
+                    return False  # read as floats
+                break  # rewritten
+            else:
+                next_to = False
+        if not readers:
+            return False
+        self.q8 = (y, width, KN.NormIn(x, g, width, norm.eps))
+        return True
 
     def _mmq(self, t, x, q8: bool):
         """(quantize dispatches, rounded x) when weight t (of a matmul marked q8) runs the int8 GEMM
@@ -102,7 +146,8 @@ class Lowering:
             return mq[0] + KMQ.mmq_dispatches(self.k, t, chunks, mq[1], y, bias, self.rows, resid=resid)
         if KG.use_gemm(self.rows, self.be.dev):  # batches: tiled GEMM
             return KG.gemm_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid)
-        pre, xq = self._gemv_q8(t, x, q8)
+        fuse = (int(t.shape[0]), *KM.gemv_needs(self.be.dev)) if KM.has_gemv(t.qtype, int(t.shape[-1])) else None
+        pre, xq = self._gemv_q8(t, x, q8, fuse)
         return pre + KM.matmul_dispatches(self.k, t, chunks, x, y, bias, self.rows, resid=resid, xq=xq)
 
     def residual(self, op: MatMul | MoE, add: Add) -> list[Dispatch]:
@@ -174,7 +219,8 @@ class Lowering:
         if KG.use_gemm(self.rows, self.be.dev):
             return KG.stacked_gemm_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                               self.rows)
-        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8)
+        fuse = (sum(int(t.shape[0]) for t in tensors), *KM.gemv_needs(be.dev, split=True))
+        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8, fuse)
         return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                            self.rows, xq=xq)
 
@@ -194,7 +240,8 @@ class Lowering:
         factors = be.weights[r.freq_factors][0] if r.freq_factors else None
         rope = KQR.StackRope(be.k_cache[st.layer], be.v_cache[st.layer], be.kv.paging_of(st.layer), rq.n_heads,
                              rk.n_heads, a.head_dim, a.v_head_dim, r.n_rot, r.theta, r.freq_scale, factors)
-        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8)
+        fuse = (sum(int(t.shape[0]) for t in tensors), *KM.gemv_needs(be.dev, split=True, rope=True))
+        pre, xq = self._gemv_q8(tensors[0], x, mms[0].q8, fuse)
         return pre + KM.stacked_dispatches(self.k, tensors, be.weights[names], x, ys, be.stack_bias.get(names),
                                            self.rows, xq=xq, rope=rope)
 
@@ -217,12 +264,15 @@ class Lowering:
         if KG.use_gemm(self.rows, self.be.dev) or not KM.can_pair(tg, tu, chunks_g, chunks_u) or mmq_either:
             return None  # checked before target() so a refusal leaves the buffer tracking untouched
         y = self.target(act.dst, mg.src)
-        pre, xq = self._gemv_q8(tg, x, mg.q8)
         # The int8 GEMV of down reads y rounded next (self.ahead: the op after the group): the pair
         # writes that too, into the second scratch (it reads the first), and down needs no quantize.
         N = int(tg.shape[0])
-        rounds = xq is not None and self._feeds_gemv_q8(act.dst, N, KM.GEMV_K)
-        yq = KQ.scratch_out(self.k, N, self.rows) if rounds and KM.pair_rounds(be.dev, N, chunks_g, self.rows) else None
+        rounds = (_reads_q8(tg, mg.q8) and self._feeds_gemv_q8(act.dst, N, KM.GEMV_K)
+                  and KM.pair_rounds(be.dev, N, chunks_g, self.rows))
+        # the pair that rounds its output never takes its input norm (kernels_norm_in: it lost there)
+        fuse = None if rounds else (N, *KM.gemv_needs(be.dev, pair=True, table=getattr(act.act, "value", act.act) == "gelu_f16"))
+        pre, xq = self._gemv_q8(tg, x, mg.q8, fuse)
+        yq = KQ.scratch_out(self.k, N, self.rows) if rounds and xq is not None else None
         ds = KM.gate_up_dispatches(self.k, tg, tu, chunks_g, chunks_u, x, y, act.act, self.rows, xq=xq, yq=yq)
         if yq is not None:
             self.q8 = (y, N, yq)
@@ -319,6 +369,8 @@ class Lowering:
             y = self.target(op.dst, op.src)
             g = be.weights[op.weight][0] if op.weight else _ones(be, op.group or w[op.src])
             if op.group in (None, w[op.src]) and self._feeds_gemv_q8(op.dst, w[op.src]):  # also rounded
+                if self.norm_in(op, x, g, y):
+                    return []  # the GEMV reading y norms x itself
                 d, xq = KQ.rmsnorm_q8_dispatch(self.k, x, g, y, w[op.src], op.eps, T)
                 self.q8 = (y, w[op.src], xq)
                 return [d]
@@ -363,7 +415,7 @@ class Lowering:
         if isinstance(op, Embed):
             t = be.gf.tensor(op.table)
             y = self.target(op.dst)
-            return KM.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
+            return KE.embed_dispatches(self.k, t, be.weights[op.table], be.ids, y, op.scale, T)
         if isinstance(op, MoE):
             if op.layer in be.host_moe:  # cpu_moe: the experts run on the host (infr/gpu/host_moe.py)
                 return [HM.HostMoE(self, op)]

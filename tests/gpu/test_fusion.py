@@ -210,7 +210,10 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
     assert labels.count("moe_combine") == spec.n_layers and "add" not in labels, labels
     assert not any(lb.startswith("quantize_q8") for lb in full), full
     assert labels.count("gemv_q8_0_expert_gate_up_q8") == spec.n_layers, labels
-    assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1, labels  # attention, FFN, and the head's
+    # attention, FFN, and the head's norms, less those run inside the GEMV after them (kernels_norm_in;
+    # never the FFN's here: the router reads it as floats)
+    normed = sum(lb.endswith("_norm") for lb in labels)
+    assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1 - normed and normed <= spec.n_layers + 1, labels
     prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
     assert_gpu_follows_cpu(g, c, prompt, 6)
 

@@ -25,6 +25,7 @@ from gguf.quants import dequantize, quantize
 from infr.numerics import matmul_input
 from infr.cpu.weights import dequantize_rows
 from infr.gguf_file import Tensor
+from infr.gpu import kernels_embed as KE
 from infr.gpu import kernels_matmul as KM
 from infr.gpu.runtime import Dispatch, read, render_source, run, storage
 
@@ -203,7 +204,7 @@ def _embed(kernels, t: Tensor, chunks, ids: np.ndarray, scale: float, reverse: b
     K = t.shape[1]
     T = len(ids)
     y = storage(gpu, np.full((T, K), np.nan, np.float32))
-    ds = KM.embed_dispatches(kernels, t, chunks, storage(gpu, ids.astype(np.uint32)), y, scale, T)
+    ds = KE.embed_dispatches(kernels, t, chunks, storage(gpu, ids.astype(np.uint32)), y, scale, T)
     assert len(ds) == len(chunks)
     run(gpu, ds[::-1] if reverse else ds)
     return read(gpu, y, count=T * K).reshape(T, K)
