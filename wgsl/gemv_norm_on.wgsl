@@ -18,6 +18,7 @@ const KN: u32 = {{NORM_K}}u;  // the row's width, params.K
 const NW: u32 = (KN + 1023u) / 1024u;  // words an invocation owns
 const_assert NT == 1u && KN % 256u == 0u;
 var<workgroup> xq: array<vec4<u32>, KN * 5u / 64u>;  // kernels_q8.words(KN) / 4
+var<workgroup> xsc: array<u32, KN / 16u>;  // the scale words, staged: two blocks' invocations share a vec4
 var<workgroup> norm_sum: array<f32, 256>;
 
 // q8_block.wgsl's rounding of one 32-value block over its 8 invocations (lanes 8k .. 8k + 7 of a
@@ -73,15 +74,24 @@ fn norm_in(tid: u32, t0: u32) {
             o = xs[j] * inv * gs[j];
         }
         let b = q8_block_lanes(o);
-        if (live) {
-            let wi = q8_word_at(0u, i);
-            xq[wi / 4u][wi % 4u] = q8_word(b.q);
-            if (tid % 8u == 0u) {
-                let so = q8_scale_at(0u, KN, i);
-                xq[so / 4u][so % 4u] = bitcast<u32>(b.d);
-                xq[(so + 1u) / 4u][(so + 1u) % 4u] = bitcast<u32>(b.d * f32(b.s));
-            }
+        // Invocations 4k .. 4k + 3 hold the four words of one vec4 of xq (q8_word_at): the first stores
+        // them whole (a write to one lane of a vector may rewrite the whole vector).
+        let word = q8_word(b.q);
+        let w1 = subgroupShuffleDown(word, 1u);
+        let w2 = subgroupShuffleDown(word, 2u);
+        let w3 = subgroupShuffleDown(word, 3u);
+        if (live && tid % 4u == 0u) {
+            xq[q8_word_at(0u, i) / 4u] = vec4<u32>(word, w1, w2, w3);
         }
+        if (live && tid % 8u == 0u) {
+            let so = q8_scale_at(0u, KN, i) - KN / 4u;
+            xsc[so] = bitcast<u32>(b.d);
+            xsc[so + 1u] = bitcast<u32>(b.d * f32(b.s));
+        }
+    }
+    workgroupBarrier();
+    for (var v = tid; v < KN / 64u; v += WG) {
+        xq[KN / 16u + v] = vec4<u32>(xsc[4u * v], xsc[4u * v + 1u], xsc[4u * v + 2u], xsc[4u * v + 3u]);
     }
     workgroupBarrier();  // xq complete
 }

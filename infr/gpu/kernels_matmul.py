@@ -426,7 +426,7 @@ def matmul_dispatches(
     rb = row_bytes(q, K)
     out = []
     floats = False
-    norm = xq if isinstance(xq, KN.NormIn) else None
+    norm = KN.given(xq, K)
     if norm is not None and not (has_gemv(q, K) and x_stride in (None, K)):
         raise ValueError(f"no GEMV of {q.name} over rows of {x_stride or K} norms its input")
     if has_gemv(q, K):  # int8 activations, a team of lanes reads each block together
@@ -490,7 +490,7 @@ def gate_up_dispatches(
     K, N = int(wg.shape[-1]), int(wg.shape[0])
     if yq is not None and not pair_rounds(kernels.dev, N, chunks_g, T):
         raise ValueError(f"the gate||up pair of {N} rows cannot write its output rounded here")
-    norm = xq if isinstance(xq, KN.NormIn) else None
+    norm = KN.given(xq, K)
     pipe, rows_wg, nt = gemv_pipeline(kernels, (qg, qu), pair_act=getattr(act, "value", act), T=T,
                                       q8_out=yq is not None, norm=norm)
     rb, rb2 = row_bytes(qg, K), row_bytes(qu, K)
@@ -575,7 +575,7 @@ def stacked_dispatches(kernels: Kernels, tensors, chunks, x, ys, bias, T: int, x
     K = int(tensors[0].shape[-1])
     sizes = [int(t.shape[0]) for t in tensors]
     N = sum(sizes)
-    norm = xq if isinstance(xq, KN.NormIn) else None
+    norm = KN.given(xq, K)
     pipe, rows_wg, nt = gemv_pipeline(kernels, qs, split=True, T=T, rope=rope.consts() if rope else None, norm=norm)
     split1 = sizes[0]
     split2 = sizes[0] + sizes[1] if len(sizes) == 3 else N

@@ -44,13 +44,22 @@ class NormIn:
         return list(res) + [None] * (BINDING - len(res)) + [self.g]
 
 
+def given(xq, K: int) -> NormIn | None:
+    """The NormIn a GEMV dispatcher's `xq` is (its rows K wide), or None."""
+    if not isinstance(xq, NormIn):
+        return None
+    if xq.K != K:
+        raise ValueError(f"a norm of {xq.K} values feeds no GEMV over {K}")
+    return xq
+
+
 def off_consts() -> dict:
     return {"NORM_IN": "// #include gemv_norm_off", "NORM_K": 0}
 
 
 def workgroup_bytes(K: int) -> int:
-    """The prologue's workgroup memory: the rounded row and the sum's 256 floats."""
-    return 4 * KQ.words(K) + 4 * 256
+    """The prologue's workgroup memory: the rounded row, its scale words staged, the sum's 256 floats."""
+    return 4 * KQ.words(K) + K // 4 + 4 * 256
 
 
 def takes(dev, K: int, N: int, T: int, shared: int, buffers: int, rows_wg: int) -> bool:

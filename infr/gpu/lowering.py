@@ -127,6 +127,8 @@ class Lowering:
                     return False  # read as floats
                 break  # rewritten
             else:
+                if next_to and getattr(op, "dst", None) == norm.src:
+                    return False  # the op right after the readers (a pair's activation, in its GEMV) writes x
                 next_to = False
         if not readers:
             return False
