@@ -149,3 +149,35 @@ def test_norm_in_kernels_pass_tint(gpu, tint):  # noqa: F811
     assert len(asked) == 2 * 4 * 4 * 4
     errors = _tint_errors(tint, asked)
     assert not errors, errors
+
+
+def test_lowering_puts_a_norm_off_only_before_its_own_readers(tmp_path, gpu):
+    """Lowering.norm_in on a llama layer's op list, and on edits of it: the attention norm is put off
+    where its readers are the matmuls right after it; not where another op comes between two of them,
+    a reader writes the norm's input, a later op reads the output as floats, or the op right after the
+    readers writes the input (a pair's activation, which the same GEMV writes); nor with no op list to
+    walk, nor for more than one row."""
+    from infr.gpu.backend import GPUBackend
+    from infr.gpu.lowering import Lowering
+    from infr.models.spec import Activation
+    from infr.ops import Add, GatedAct, RMSNorm
+
+    gf, plan = tiny_256(tmp_path, "walk", "tiny-llama", "Q8_0")
+    with _tune(NORM=1):
+        be = GPUBackend(gf, plan, 64, dev=gpu)
+        ops = list(be.plan.embed + be.plan.layers + be.plan.head)
+        i = next(j for j, op in enumerate(ops) if isinstance(op, RMSNorm))
+        norm, q = ops[i], ops[i + 1]
+
+        def puts_off(seq, rows=1, walk=True):
+            lower = Lowering(be, rows)
+            lower.ahead, lower.after = seq[i + 1], ((seq, i) if walk else None)
+            return lower.norm_in(norm, "x", "g", "y")
+
+        assert puts_off(ops)
+        assert not puts_off(ops, walk=False)
+        assert not puts_off(ops, rows=2)
+        assert not puts_off(ops[:i + 2] + [Add("z", "q", "q")] + ops[i + 2:])
+        assert not puts_off(ops[:i + 1] + [replace(q, dst=norm.src)] + ops[i + 2:])
+        assert not puts_off(ops[:i + 4] + [Add("z", norm.dst, "q")] + ops[i + 4:])
+        assert not puts_off(ops[:i + 4] + [GatedAct(norm.src, "q", "k", Activation.SILU)] + ops[i + 4:])
