@@ -23,7 +23,7 @@ from infr.gpu.runtime import read, run, storage
 
 from test_gate_up_q8 import tiny_256
 from test_quant_kernels import make_weight  # tests/gpu is on sys.path (pytest's prepend import mode)
-from test_tint import _key, _Recorder, _tint_errors, tint  # noqa: F401  tint: Dawn's Null device (skips without wgpudawn)
+from test_tint import _key, _Recorder, _tint_errors, tint  # noqa: F401  tint: Tint on Dawn's Null device (test_tint's fixture)
 
 
 def _tune(**kw):
