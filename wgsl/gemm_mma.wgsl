@@ -38,6 +38,8 @@
 // the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
 // sums meet in ep, added in group order, and group 0 stores them. KP times the subgroups in flight
 // for the same tiles, where one group alone left most of the GPU idle waiting on its loads.
+// DIRECT (WC 3, Q4_K and Q6_K): no dequantizing pass and no wq / ws staging: each invocation's
+// fetched units (the readers' Raw, a stage ahead) become f16 values in wh in B (mma_direct_TYPE.wgsl).
 
 enable chromium_experimental_subgroup_matrix;
 
@@ -56,12 +58,18 @@ const TM: u32 = {{TM}}u;    // result matrices per subgroup along rows (BN / SGR
 const TN: u32 = {{TN}}u;    // along tokens (BT / SGT / 16)
 const PAD: u32 = {{PAD}}u;
 const PAIR: bool = {{PAIR}};
+// The token tiles of one row tile are neighbours in launch order (matmul_common's grid_cell): they
+// run together and share the weight tile's reads in the cache (not with expert tiles: their y is a group).
+const TOKENS_FIRST: bool = {{TOKENS_FIRST}};
 {{ACT_TABLE}}
 const CONVERT: bool = {{CONVERT}};  // false only when timing the products alone
 const XCOPY: bool = {{XCOPY}};
 const WCOPY: bool = {{WCOPY}};
 const WVEC: bool = {{WVEC}};  // WCOPY by vec4 loads into registers and f16 stores, not matrix loads and stores
 const XVEC: bool = {{XVEC}};  // XCOPY so too
+// WC 3: each invocation turns its fetched units straight into wh (mma_direct_{{QTYPE}}.wgsl's unit_f16), no
+// wq / ws staging and no dequantizing pre-pass: 128 x 128 tiles fit without them
+const DIRECT: bool = {{DIRECT}};
 {{X16}}
 {{W16}}
 const WG: u32 = KP * SGR * SGT * SG;
@@ -84,6 +92,7 @@ var<workgroup> ep: array<f32, KP * SGR * SGT * 256u>;
 var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
 
 // #include mma_stage
+// #include {{DIRECT_FNS}}
 
 // One stage's global loads in registers: the invocation's weight units, and its
 // token vec4 with the (d_a, s_a, d_b, s_b) of their sub-block pair.
@@ -116,7 +125,7 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
 }
 
 fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
-    if (!WCOPY) {
+    if (!WCOPY && !DIRECT) {
         put_units(g.u, st * KS, tid, first);
     }
 }
@@ -162,12 +171,26 @@ fn sub_half(v: u32) -> vec2<u32> {
     return vec2<u32>(2u * (v / 4u) + (v % 2u), (v % 4u) / 2u);
 }
 
-// B: the staged weights and the fetched tokens as f16 tiles.
-fn convert(g: Staged, tid: u32) {
+// Four f16 values into wh at o (DIRECT's unit_f16).
+fn put4(o: u32, v: vec4<f16>) {
+    wh[o] = v.x; wh[o + 1u] = v.y; wh[o + 2u] = v.z; wh[o + 3u] = v.w;
+}
+
+// B: the staged weights (DIRECT: the fetched units of stage st) and the fetched tokens as f16 tiles.
+fn convert(g: Staged, tid: u32, st: u32, first: u32) {
     if (WVEC || XVEC) {
         vec_put(g.v, tid);
     }
-    for (var n = 0u; n < select(NW, 0u, WCOPY); n++) {
+    if (DIRECT) {
+        for (var n = 0u; n < NU; n++) {
+            let k = tid + n * WG;
+            if (k < BN * UNITS) {
+                let at = staged_row(k / UNITS, first);
+                unit_f16(g.u[n], at.y, st * KS, k % UNITS, k / UNITS);
+            }
+        }
+    }
+    for (var n = 0u; n < select(NW, 0u, WCOPY || DIRECT); n++) {
         let i = tid + n * WG;
         if (i < BN * KS / 8u) {
             let rho = i / (KS / 8u);
@@ -195,13 +218,15 @@ fn convert(g: Staged, tid: u32) {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    if (tile_skip(wid.y)) {  // EXPERT: no pairs, or its expert in another binding
+    let cell = grid_cell(wid, nwg, TOKENS_FIRST);  // (row tile, token tile)
+    if (tile_skip(cell.y)) {  // EXPERT: no pairs, or its expert in another binding
         return;
     }
-    let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
-    let tok0 = tile_tok0(wid.y);
+    let first = cell.x * OUT_ROWS;  // the tile's first output row (of this chunk)
+    let tok0 = tile_tok0(cell.y);
     let sr = sg % SGR;
     let sc = (sg / SGR) % SGT;
     let kp = sg / (SGR * SGT);  // KP: this subgroup's group
@@ -217,7 +242,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     for (var st = 0u; st < nst; st++) {
         if (CONVERT) {
-            convert(g, tid);
+            convert(g, tid, st, first);
         }
 {{XM_STORE}}
         workgroupBarrier();

@@ -56,6 +56,10 @@ const SUB: u32 = {{SUB}}u;  // sub-blocks per stage: 2, 4 or 8
 const PREFETCH: u32 = {{PREFETCH}}u;
 const NB: u32 = {{NB}}u;    // workgroup buffers: 1, or 2 with PREFETCH
 const PAIR: bool = {{PAIR}};
+const DIRECT: bool = false;  // the readers' fetch for gemm_mma's WC 3 (mmq_q6_k.wgsl)
+// The token tiles of one row tile are neighbours in launch order (matmul_common's grid_cell): they
+// run together and share the weight tile's reads in the cache (not with expert tiles: their y is a group).
+const TOKENS_FIRST: bool = {{TOKENS_FIRST}};
 const TR: u32 = BN / RM;
 const TT: u32 = BT / RT;
 const WG: u32 = TR * TT;
@@ -188,14 +192,16 @@ fn exact_f32(s: i32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
     let tr = tid % TR;
     let tt = tid / TR;
-    if (tile_skip(wid.y)) {  // EXPERT: no pairs, or its expert in another binding
+    let cell = grid_cell(wid, nwg, TOKENS_FIRST);  // (row tile, token tile)
+    if (tile_skip(cell.y)) {  // EXPERT: no pairs, or its expert in another binding
         return;
     }
-    let first = wid.x * OUT_ROWS;  // the tile's first output row (of this chunk)
-    let tok0 = tile_tok0(wid.y);
+    let first = cell.x * OUT_ROWS;  // the tile's first output row (of this chunk)
+    let tok0 = tile_tok0(cell.y);
     var acc: array<f32, RM * RT>;
     let nst = params.K / (32u * SUB);  // stages
     if (INIT) {

@@ -20,6 +20,8 @@ struct Raw {
     h: array<u32, 5>,  // qh of both
     sc: u32,           // the word holding the two scales this unit writes
     d: u32,            // the word holding d
+    s0: u32,           // DIRECT (gemm_mma's WC 3): the two words holding scales 4c .. 4c + 3
+    s1: u32,
 }
 
 fn reader_init(tid: u32) {}
@@ -39,6 +41,11 @@ fn fetch_unit(slot: u32, rb: u32, k0: u32, u: u32) -> Raw {
     }
     g.sc = wword(slot, (bb + 192u + 2u * (2u * c + hf)) >> 2u);
     g.d = wword(slot, (bb + 208u) >> 2u);
+    if (DIRECT) {
+        let sw = (bb + 192u + 4u * c) >> 2u;
+        g.s0 = wword(slot, sw);
+        g.s1 = wword(slot, sw + 1u);
+    }
     return g;
 }
 

@@ -50,7 +50,8 @@ class MmaTile:
     XC: int = 0  # 1: the token tile copied from f16 rows (q8_f16.wgsl) by matrix loads, not converted here; 2: by
     # vec4 loads into registers a stage ahead and f16 stores (as WC 2)
     WC: int = 0  # 1: the weight tile too, from f16 rows a dequantizing pass writes (mma_dequant.wgsl); 2: those
-    # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores
+    # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores;
+    # 3: no f16 rows: the quantized units fetched a stage ahead turned straight into the tile (DIRECT_TYPES)
     KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
 
     @property
@@ -98,7 +99,7 @@ class MmaTile:
             and self.XC in (0, 1, 2)
             and (self.XC != 1 or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
                                   == (self.BT // 16) * 2 * self.SUB))
-            and self.WC in (0, 1, 2) and (not self.WC or 128 % self.BN == 0)
+            and self.WC in (0, 1, 2, 3) and (not self.WC or 128 % self.BN == 0)
             and (self.WC != 1 or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
                                   == (self.BN // 16) * 2 * self.SUB))
         )
@@ -144,6 +145,13 @@ class MmaTile:
 # the same bits as the converting tiles (test_rows_copied_as_f16[...-both-words] passed there).
 TILES = (MmaTile(64, 128, 2, 2, 4), MmaTile(64, 64, 2, 2, 2), MmaTile(64, 32, 2, 2, 2))
 WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
+# WC_TILE's shape without the dequantizing pre-pass (WC 3): each invocation turns its fetched units of the
+# weights (the readers' Raw, a stage ahead) straight into f16 values in the tile (mma_direct_TYPE.wgsl),
+# with no int8 lanes staged (which made a 128-row tile too big for 48 KiB). Each token tile converts its
+# weight tile again, where WC_TILE reads f16 rows written once per product (and streamed from memory
+# again per token tile). For the types with a unit_f16; INFR_MMA_DIRECT=1 until a GPU times it.
+DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
+DIRECT_TYPES = ("q4_k", "q6_k")
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
 # Q4_K shapes, perf/h200/mma-kp-T32-2026-12-06-h100.json) 32 x 32 with 4 groups ran q/o 17.2, down 18.5 TOPS
@@ -197,6 +205,7 @@ class MmaTuning:
     # a Q4_K_M layer's mixed q|k|v (a Q6_K v) as one product on a WC tile (kernels_mmq.mixed_tile;
     # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
     mixed: bool = False
+    direct: bool = False  # DIRECT_TILE first for DIRECT_TYPES (INFR_MMA_DIRECT=1)
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -222,26 +231,30 @@ class MmaTuning:
             t = replace(t, wc_min_t=int(env["INFR_MMA_WC_MIN_T"]))
         if env.get("INFR_MMA_MIXED") in ("0", "1"):
             t = replace(t, mixed=env["INFR_MMA_MIXED"] == "1")
+        if env.get("INFR_MMA_DIRECT") in ("0", "1"):
+            t = replace(t, direct=env["INFR_MMA_DIRECT"] == "1")
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
 
     def tile_for(self, dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
-                 w16_bytes: int = 0, K: int = 0) -> MmaTile | None:
+                 w16_bytes: int = 0, K: int = 0, qtype: str | None = None) -> MmaTile | None:
         """Of the tiles that fit and give min_groups workgroups, the one whose token tiles pad T
         least (the products of padding tokens are work too), the first on a tie; else None. A WC
         tile is taken wherever it may run, however it pads (WC_TILE runs at twice the others' rate:
         T = 480 on 64 x 32 would pad nothing and run at a quarter of it): from wc_min_t tokens, and
         where its f16 weight rows (w16_bytes) fit one binding. Tiles copying f16 rows only where the device
         allows COPY_BUFFERS storage buffers a stage. KP tiles (decode steps' few rows) only
-        up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it."""
+        up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it. With `direct`,
+        DIRECT_TILE first for a `qtype` (WGSL name) of DIRECT_TYPES, from wc_min_t tokens."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         copies_fit = int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= COPY_BUFFERS
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
-        for tile in ((WC_TILE,) if self.wc else ()) + tiles:
-            if ((tile.WC and (T < self.wc_min_t or w16_bytes > binding)) or (K and K % (32 * tile.SUB))
+        direct = (DIRECT_TILE,) if self.direct and qtype in DIRECT_TYPES else ()
+        for tile in direct + ((WC_TILE,) if self.wc else ()) + tiles:
+            if ((tile.WC and (T < self.wc_min_t or (tile.WC != 3 and w16_bytes > binding))) or (K and K % (32 * tile.SUB))
                     or ((tile.XC or tile.WC) and not copies_fit)
                     or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
@@ -309,13 +322,13 @@ def without_copies(tiles) -> tuple[MmaTile, ...]:
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,
-             K: int = 0) -> MmaTile | None:
+             K: int = 0, qtype: str | None = None) -> MmaTile | None:
     """The tile for n_out rows x T tokens on `dev`, or None where the kernel does not run there or
     no tile fills the device (kernels_mmq's int8 GEMM then does: both read the same q8 rows)."""
     t = TU.current().mma
     if not t.on or not available(dev):
         return None
-    return t.tile_for(dev, n_out, T, extra, pair, w16_bytes, K)
+    return t.tile_for(dev, n_out, T, extra, pair, w16_bytes, K, qtype)
 
 
 def _staged_base(tile: MmaTile, a: int, pair: bool) -> str:
@@ -381,6 +394,8 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     if not tile.kp_ok:
         raise UnsupportedError(f"tensor-core tile {tile.spec}: KP groups need whole 16-value products a stage "
                                "and no f16 row copies (those index the subgroups of one group)")
+    if tile.WC == 3 and qtype_name not in DIRECT_TYPES:
+        raise UnsupportedError(f"tensor-core tile {tile.spec}: no direct conversion of {qtype_name} units (DIRECT_TYPES)")
     if (tile.XC or tile.WC) and expert:
         raise UnsupportedError("a tensor-core tile copying f16 rows (XC, WC) reads whole tiles of a matrix; "
                                "expert tiles gather their pairs' rows from a bank")
@@ -396,13 +411,15 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         "CONVERT": str("convert" in phases).lower(), **gen,
         "XCOPY": str(bool(tile.XC)).lower(), "NXA": 1 if tile.XC else -(-tile.BT * 2 * tile.SUB // tile.invocations),
         "X16": "@group(0) @binding(12) var<storage, read> x16: array<f16>;" if tile.XC == 1 else "",
-        "WCOPY": str(bool(tile.WC)).lower(), "WQN": 1 if tile.WC else 2 * tile.SUB * tile.BN,
+        "WCOPY": str(tile.WC in (1, 2)).lower(), "WQN": 1 if tile.WC else 2 * tile.SUB * tile.BN,
+        "DIRECT": str(tile.WC == 3).lower(), "DIRECT_FNS": f"mma_direct_{qtype_name}" if tile.WC == 3 else "mma_direct_none",
         "WSN": 1 if tile.WC else tile.SUB * tile.BN,
         "W16": "@group(0) @binding(13) var<storage, read> w16: array<f16>;" if tile.WC == 1 else "",
         "WVEC": str(tile.WC == 2).lower(), "XVEC": str(tile.XC == 2).lower(),
         "VEC_FNS": "\n".join(f"// #include mma_{c}vec_{'on' if on else 'off'}" for c, on in (("w", tile.WC == 2),
                                                                                           ("x", tile.XC == 2))),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
+        "TOKENS_FIRST": str(bool(TU.current().gemm_tokens_first) and not expert).lower(),
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)
     return pipe, (tile.BN // 2 if pair else tile.BN), tile.BT

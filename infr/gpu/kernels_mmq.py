@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from infr.errors import UnsupportedError
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_q8 as KQ
@@ -305,6 +306,7 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
         "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
         **KM.tile_reader_consts(pair, split),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
+        "TOKENS_FIRST": str(bool(TU.current().gemm_tokens_first) and not expert).lower(),
     }
     pipe = kernels.pipeline("gemm_mmq", "main", unchecked=bool(t.UNCHECKED), **consts)
     return pipe, (t.BN // 2 if pair else t.BN), t.BT
@@ -321,20 +323,25 @@ def token_rows(kernels: Kernels, xq, K: int, T: int, bt: int) -> tuple[Dispatch,
     return Dispatch(pipe, kernels.bind(pipe, [p, xq, buf]), (-(-K // 4096), rows, 1), f"q8_f16 {K}"), buf
 
 
-def dequant_pipeline(kernels: Kernels, q, pair: bool):
-    """wgsl/mma_dequant.wgsl for type q, a plain matrix or a gate||up pair."""
-    return kernels.pipeline("mma_dequant", "main", unchecked=True, QTYPE=KM.wgsl_name(q), PAIR=str(pair).lower(),
+def dequant_pipeline(kernels: Kernels, q, pair: bool, direct: bool = False):
+    """wgsl/mma_dequant.wgsl for type q, a plain matrix or a gate||up pair; `direct`: its units turned into f16 by
+    mma_direct_TYPE.wgsl (kernels_mma.DIRECT_TYPES), as WC 3 tiles do (to check that conversion anywhere)."""
+    name = KM.wgsl_name(q)
+    if direct and name not in KMA.DIRECT_TYPES:
+        raise UnsupportedError(f"no direct conversion of {name} units (kernels_mma.DIRECT_TYPES)")
+    return kernels.pipeline("mma_dequant", "main", unchecked=True, QTYPE=name, PAIR=str(pair).lower(),
+                            DIRECT=str(direct).lower(), DIRECT_FNS=f"mma_direct_{name}" if direct else "mma_direct_none",
                             **KM.tile_reader_consts(pair), **KM.pair_act_consts(None))
 
 
-def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[Dispatch, object]:
+def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int, direct: bool = False) -> tuple[Dispatch, object]:
     """The dispatch writing a chunk's `rows` weight rows (bufs: [w] or a pair's [gate, up]; `p` the
     product's params) as f16 values (wgsl/mma_dequant.wgsl) into the device's f16 weight scratch, and
     that scratch: the weight rows a WC tensor-core tile copies, each half padded to 128 rows."""
     pair = len(bufs) == 2
     padded = -(-rows // 128) * 128
     buf = KQ._buffer(kernels, "w16", 2 * K * padded * len(bufs))
-    pipe = dequant_pipeline(kernels, q, pair)
+    pipe = dequant_pipeline(kernels, q, pair, direct)
     res = [p, bufs[0]] + [None] * 4 + [bufs[1] if pair else None] + [None] * 6 + [buf]
     groups = (padded // (32 if pair else 64), -(-K // 512), 1)
     return Dispatch(pipe, kernels.bind(pipe, res), groups, f"mma_dequant_{KM.wgsl_name(q)} {rows}x{K}",
@@ -343,7 +350,7 @@ def weight_rows(kernels: Kernels, q, p, bufs: list, K: int, rows: int) -> tuple[
 
 def _copies(tile) -> tuple[bool, bool]:
     """Whether a tile copies f16 token rows (XC) and f16 weight rows (WC)."""
-    return (bool(tile.XC), bool(tile.WC)) if isinstance(tile, KMA.MmaTile) else (False, False)
+    return (bool(tile.XC), tile.WC in (1, 2)) if isinstance(tile, KMA.MmaTile) else (False, False)
 
 
 def _token_pass(kernels: Kernels, tile, xq, K: int, T: int, bt: int, extra: dict) -> list[Dispatch]:
@@ -389,7 +396,7 @@ def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 
     """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's. A WC tile's
     f16 weight rows (each half padded to 128; `w16_rows` where a mixed stack writes more) must fit one binding."""
     w16 = 2 * K * (w16_rows or -(-n_out // 128) * 128) * (2 if pair else 1)
-    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K)
+    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K, qtype=KM.wgsl_name(q))
     if mma is not None:
         return mma
     return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)

@@ -94,6 +94,11 @@ class Tuning:
     # the first while the host records the rest. Not yet timed on a GPU, so off.
     submit_parts: int = 1
     submit_min_t: int = 64
+    # 1: the prompt-batch matmuls (gemm_mmq, gemm_mma; not expert tiles) number their workgroups token
+    # tiles first, so the token tiles sharing a weight tile run together and read it from the cache
+    # once (INFR_GEMM_TOKENS_FIRST); 0: grid order, where at T = 512 each of the 8B's four token tiles
+    # streamed the gate||up pair's 235 MB of f16 rows from memory again. Not yet timed on a GPU, so off.
+    gemm_tokens_first: int = 0
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
@@ -103,11 +108,14 @@ class Tuning:
         parts, part_t = int(env.get("INFR_SUBMIT_PARTS") or 1), int(env.get("INFR_SUBMIT_MIN_T") or 64)
         if parts < 1 or part_t < 1:
             raise ValueError(f"INFR_SUBMIT_PARTS and INFR_SUBMIT_MIN_T must be at least 1, got {parts}, {part_t}")
+        first = env.get("INFR_GEMM_TOKENS_FIRST") or "0"
+        if first not in ("0", "1"):
+            raise ValueError(f"INFR_GEMM_TOKENS_FIRST must be 0 or 1, got {first!r}")
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
             deltanet_chunk_rows=(int(chunk) if int(chunk) > 0 else 1 << 30) if chunk else None,
-            submit_parts=parts, submit_min_t=part_t,
+            submit_parts=parts, submit_min_t=part_t, gemm_tokens_first=int(first),
         )
 
 

@@ -84,6 +84,33 @@ def test_rows_copied_as_f16(mma, kernels, qtype, xc, wc):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+def test_token_tiles_first_gives_the_same_bits(mma, kernels, qtype):
+    """Workgroups numbered token tiles first (INFR_GEMM_TOKENS_FIRST) run the same tiles in another
+    launch order: each product the same bits as in grid order (rows and tokens over several tiles)."""
+    tiles = (KMA.MmaTile(64, 32, 2, 2, 2), PAIR, SPLIT)
+    with tuning.override(gemm_tokens_first=0):
+        want = _three_products(mma, kernels, qtype, tiles)
+    with tuning.override(gemm_tokens_first=1):
+        got = _three_products(mma, kernels, qtype, tiles)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("xc", [0, 2], ids=["direct", "direct-token-words"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+def test_units_converted_directly(mma, kernels, qtype, xc):
+    """WC 3 tiles (kernels_mma.DIRECT_TILE's kind): each invocation's fetched units turned straight into
+    f16 values of the weight tile, no int8 lanes staged and no dequantizing pass: the same bits as the
+    tiles converting staged lanes (the same f16 values, multiplied in the same order), and DIRECT_TILE
+    within the bound."""
+    _three_products(mma, kernels, qtype, (KMA.DIRECT_TILE,) * 3)
+    got = _three_products(mma, kernels, qtype, tuple(replace(t, XC=xc, WC=3) for t in COPIED))
+    want = _three_products(mma, kernels, qtype, COPIED)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 MIXED = [(256, 128, 128), (200, 100, 60)]  # q, k, v rows: tile-aligned, and passes overrunning their neighbours
 
 
@@ -433,7 +460,16 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # WC 2 (WC_TILE's): the weight rows copied by vec4 words, no per-subgroup matrix count to divide
     assert KMA.WC_TILE.WC == 2 and KMA.MmaTile.parse(KMA.WC_TILE.spec) == KMA.WC_TILE and KMA.WC_TILE.fits(Dev())
     assert KMA.WC_TILE.XC == 2 and replace(KMA.WC_TILE, XC=1).fits(Dev())  # its tokens by vec4 words too
-    assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=3).fits(Dev())
+    assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=4).fits(Dev())
+    # WC 3 (DIRECT_TILE's): no f16 rows and no staged lanes, so 128 x 128 fits; taken first with INFR_MMA_DIRECT=1
+    # for the types with a direct conversion, from wc_min_t tokens, however large its (unwritten) f16 rows
+    direct = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "1"})
+    assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
+    assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "q8_0")] == [
+        KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]
+    assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
+    assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
+    assert KMA.MmaTuning().tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE  # off by default
     tall = replace(KMA.WC_TILE, BN=256, BT=32, SGR=4, SGT=1)
     assert tall.shared_bytes() <= 49152 and not tall.fits(Dev())  # past the f16 rows' padding to 128
     on, off = KMA.MmaTuning(), KMA.MmaTuning.from_env({"INFR_MMA_WC": "0"})

@@ -14,7 +14,9 @@ from test_quant_kernels import make_weight, reference  # tests/gpu is on sys.pat
 
 from gguf import GGMLQuantizationType as Q
 
+from infr.errors import UnsupportedError
 from infr.gpu import kernels_matmul as KM
+from infr.gpu import kernels_mma as KMA
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu.runtime import read, run, storage
 
@@ -30,11 +32,11 @@ def f16(gpu):
                     "need it too (lavapipe and NVIDIA have it, so CI runs these)")
 
 
-def _case(kernels, q, rows: int, K: int, pair: bool, rng):
-    ts = [make_weight(q, rows, K, rng) for _ in range(2 if pair else 1)]
+def _case(kernels, q, rows: int, K: int, pair: bool, rng, direct: bool = False, ts=None):
+    ts = ts or [make_weight(q, rows, K, rng) for _ in range(2 if pair else 1)]
     bufs = [KM.upload_weight(kernels.dev, t)[0][0] for t in ts]
     p = storage(kernels.dev, KMQ._params(q, K, rows, 0, rows, 1, False, False), uniform=True)
-    d, w16 = KMQ.weight_rows(kernels, q, p, bufs, K, rows)
+    d, w16 = KMQ.weight_rows(kernels, q, p, bufs, K, rows, direct=direct)
     run(kernels.dev, [d])
     padded = -(-rows // 128) * 128
     got = read(kernels.dev, w16, dtype=np.float16, count=padded * K * len(ts)).reshape(len(ts), padded, K)
@@ -60,6 +62,28 @@ def test_rows_are_the_blocks_values_in_f16(gpu, kernels, qtype, pair):
             _close(f"{qtype.name} {rows}x{K}", half[:rows], reference(t))
             # rows up to the 128-row padding copy the last row
             np.testing.assert_array_equal(half[rows:], np.broadcast_to(half[rows - 1], (padded - rows, K)))
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["plain", "pair"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+def test_direct_units_give_the_same_values(gpu, kernels, qtype, pair):
+    """The direct conversion of the tensor-core tiles that dequantize no rows first (kernels_mma.DIRECT_TILE,
+    mma_direct_TYPE.wgsl's unit_f16: fetched units straight into f16, no int8 lanes staged), run here by the
+    pass's DIRECT form: the same bits as the staged conversion, so within the bound of gguf's values. Q6_K
+    rows of 1280 values are 1050 bytes, so every other row's blocks start 2 bytes past a word."""
+    assert KM.wgsl_name(qtype) in KMA.DIRECT_TYPES
+    rng = np.random.default_rng([int(qtype), pair, 3])
+    for rows, K in SHAPES[256]:
+        ts, want, _ = _case(kernels, qtype, rows, K, pair, rng)
+        _, got, _ = _case(kernels, qtype, rows, K, pair, rng, direct=True, ts=ts)
+        for half, t in zip(got, ts):
+            _close(f"{qtype.name} {rows}x{K} direct", half[:rows], reference(t))
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_direct_form_only_for_its_types(kernels):
+    with pytest.raises(UnsupportedError, match="no direct conversion of q8_0"):
+        KMQ.dequant_pipeline(kernels, Q.Q8_0, False, direct=True)
 
 
 @pytest.mark.parametrize("sizes", [(256, 128, 128), (200, 100, 60)], ids=lambda s: "+".join(map(str, s)))

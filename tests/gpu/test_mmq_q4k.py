@@ -26,6 +26,7 @@ from infr.numerics import quantize_q8
 from infr.gpu import kernels_matmul as KM
 from infr.gpu import kernels_mmq as KMQ
 from infr.gpu import kernels_q8 as KQ
+from infr.gpu import tuning
 from infr.gpu.runtime import read, run, storage
 from infr.models.spec import Activation
 
@@ -108,6 +109,33 @@ def test_mmq_tile_shapes(gpu, kernels, spec):
     ref = F.gated_act(want, up, Activation.SILU)
     got = read(gpu, y2, count=T * N).reshape(T, N)
     np.testing.assert_allclose(got, ref, atol=TOL * np.abs(ref).max(), rtol=0)
+
+
+def test_mmq_token_tiles_first(gpu, kernels):
+    """Workgroups numbered token tiles first (INFR_GEMM_TOKENS_FIRST: the token tiles of a row tile run
+    together and share its weight reads in the cache): a plain product and a gate||up pair over three
+    row tiles and two token tiles come out the same bits as in grid order, within the bound."""
+    rng = np.random.default_rng(9)
+    N, K, T = 130, 512, 37
+    t, tu = make_weight(Q.Q4_K, N, K, rng), make_weight(Q.Q4_K, N, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32) * 0.1
+    tile = _tile(gpu, (64, 32, 4, 2, 8, 0, 0))
+    cg, cu = KM.upload_weight(gpu, t), KM.upload_weight(gpu, tu)
+    outs = {}
+    for first in (0, 1):
+        with tuning.override(gemm_tokens_first=first):
+            quant, xq = _rounded(kernels, gpu, x)
+            y = storage(gpu, np.full((T, N), np.nan, np.float32))
+            y2 = storage(gpu, np.full((T, N), np.nan, np.float32))
+            ds = KMQ.mmq_dispatches(kernels, t, cg, xq, y, None, T, tile=tile)
+            ds += KMQ.gate_up_dispatches(kernels, t, tu, cg, cu, xq, y2, "silu", T, tile=tile)
+            assert [d.groups for d in ds] == [(3, 2, 1), (5, 2, 1)]
+            run(gpu, [quant] + ds)
+            outs[first] = (read(gpu, y, count=T * N).reshape(T, N), read(gpu, y2, count=T * N).reshape(T, N))
+    want, scale = _want(t, x)
+    _check("mmq token tiles first", outs[1][0], want, scale)
+    for got, ref in zip(outs[1], outs[0]):
+        np.testing.assert_array_equal(got, ref)
 
 
 def test_mmq_chunked_weight_and_stride(gpu, kernels):

@@ -223,6 +223,11 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
+    for tile in (KMA.DIRECT_TILE, KMA.MmaTile(64, 128, 2, 2, 4, 8, 0, 3)):  # units turned into f16 directly (WC 3)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, split=True)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile, pair_act="gelu_f16")
     for tile in KP_TILES:  # stages split among groups of subgroups (batched decode steps)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
@@ -232,6 +237,8 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
     for q in KMQ.READERS:  # the dequantizing pass of every reader, plain and pair
         for pair in (False, True):
             KMQ.dequant_pipeline(rec, q, pair)
+            if KM.wgsl_name(q) in KMA.DIRECT_TYPES:
+                KMQ.dequant_pipeline(rec, q, pair, direct=True)
     errors = _tint_errors(tint, asked)
     assert not errors, errors
 
