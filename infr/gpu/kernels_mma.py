@@ -245,24 +245,25 @@ class MmaTuning:
         T = 480 on 64 x 32 would pad nothing and run at a quarter of it): from wc_min_t tokens, and
         where its f16 weight rows (w16_bytes) fit one binding. Tiles copying f16 rows only where the device
         allows COPY_BUFFERS storage buffers a stage. KP tiles (decode steps' few rows) only
-        up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it. With `direct`,
-        DIRECT_TILE first for a `qtype` (WGSL name) of DIRECT_TYPES, from wc_min_t tokens."""
+        up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it. WC 3 tiles only for
+        a `qtype` (WGSL name) of DIRECT_TYPES: with `direct`, DIRECT_TILE first, from wc_min_t tokens."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         copies_fit = int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= COPY_BUFFERS
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
-        direct = (DIRECT_TILE,) if self.direct and qtype in DIRECT_TYPES else ()
-        for tile in direct + ((WC_TILE,) if self.wc else ()) + tiles:
-            if ((tile.WC and (T < self.wc_min_t or (tile.WC != 3 and w16_bytes > binding))) or (K and K % (32 * tile.SUB))
-                    or ((tile.XC or tile.WC) and not copies_fit)
+        first = ((DIRECT_TILE,) if self.direct else ()) + ((WC_TILE,) if self.wc else ())
+        for n, tile in enumerate(first + tiles):
+            rows16 = tile.WC in (1, 2)  # reads f16 weight rows a pass writes (one binding)
+            if (((rows16 or n < len(first)) and T < self.wc_min_t) or (rows16 and w16_bytes > binding) or (K and K % (32 * tile.SUB))
+                    or ((tile.XC or rows16) and not copies_fit) or (tile.WC == 3 and qtype not in DIRECT_TYPES)
                     or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
             groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
             pad = -(-T // tile.BT) * tile.BT
             if not (tile.fits(dev, extra, pair) and groups >= self.min_groups):
                 continue
-            if tile.WC:
+            if rows16 or n < len(first):
                 return tile
             if best_pad is None or pad < best_pad:
                 best, best_pad = tile, pad
@@ -307,18 +308,20 @@ def keeps_gemv(dev, T: int, pair: bool = False, K: int = 0) -> bool:
 # the int8 GEMM's expert tiles end to end, so they stay opt-in (MmaTuning.experts) until they are.
 
 
-def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False) -> MmaTile | None:
+def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
+                    qtype: str | None = None) -> MmaTile | None:
     """tile_for, for grouped expert products (T: the tokens one expert's tile holds), where the
     tuning takes them onto the tensor cores; else None."""
     t = TU.current().mma
     if not t.experts or not t.on or not available(dev):
         return None
-    return t.for_experts().tile_for(dev, n_out, T, extra, pair)
+    return t.for_experts().tile_for(dev, n_out, T, extra, pair, qtype=qtype)
 
 
 def without_copies(tiles) -> tuple[MmaTile, ...]:
-    """The tiles as expert products take them: without f16 row copies (their tiles gather rows from a bank)."""
-    return tuple(dict.fromkeys(replace(x, XC=0, WC=0) for x in tiles))
+    """The tiles as expert products take them: without f16 row copies (their tiles gather rows from a bank; WC 3
+    tiles copy none)."""
+    return tuple(dict.fromkeys(replace(x, XC=0, WC=x.WC if x.WC == 3 else 0) for x in tiles))
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,
@@ -396,7 +399,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
                                "and no f16 row copies (those index the subgroups of one group)")
     if tile.WC == 3 and qtype_name not in DIRECT_TYPES:
         raise UnsupportedError(f"tensor-core tile {tile.spec}: no direct conversion of {qtype_name} units (DIRECT_TYPES)")
-    if (tile.XC or tile.WC) and expert:
+    if (tile.XC or tile.WC in (1, 2)) and expert:
         raise UnsupportedError("a tensor-core tile copying f16 rows (XC, WC) reads whole tiles of a matrix; "
                                "expert tiles gather their pairs' rows from a bank")
     phases = PHASES if phases is None else phases

@@ -263,7 +263,8 @@ def grouped_tile(kernels: Kernels, q, N: int, A: int, pair: bool = False,
     """The grouped product's tile: the tensor cores' where the device has them and the tuning takes
     expert products there (kernels_mma.expert_tile_for), their token tile padding an expert's share
     of the A pairs (A / E: a tile holds one expert's) least; else the int8 GEMM's (MmqTuning.expert_tile_for)."""
-    mma = KMA.expert_tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair)
+    mma = KMA.expert_tile_for(kernels.dev, N, -(-A // (E or 1)), KMQ.READERS[KM.as_qtype(q)], pair,
+                              qtype=KM.wgsl_name(q))
     if mma is not None:
         return mma
     return KMQ.device_tuning(kernels.dev).expert_tile_for(kernels.dev, q, N, A, E or 1, pair)
