@@ -151,6 +151,10 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # weight tile again, where WC_TILE reads f16 rows written once per product (and streamed from memory
 # again per token tile). For the types with a unit_f16; INFR_MMA_DIRECT=1 until a GPU times it.
 DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
+# Grouped expert products (MUL_MAT_ID) on WC 3 tiles: gathered rows need no f16 copies. On an H100 (perf/moe_grouped_time.py
+# --flavor dawn --model qwen3-30b-a3b --T 512: 32 pairs an expert) 128 x 64 ran gate||up in 0.527 ms and down in 0.422
+# against the int8 GEMM's 0.949 / 0.608 and the converting 64 x 32's 0.999 / 0.668; 128 x 32 0.685 / 0.622.
+EXPERT_DIRECT_TILE = MmaTile(128, 64, 2, 4, 2, 8, 0, 3)
 DIRECT_TYPES = ("q4_k", "q6_k")
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
@@ -206,6 +210,7 @@ class MmaTuning:
     # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
     mixed: bool = False
     direct: bool = False  # DIRECT_TILE first for DIRECT_TYPES (INFR_MMA_DIRECT=1)
+    lead: tuple[MmaTile, ...] = ()  # tiles taken first wherever they apply (for_experts: EXPERT_DIRECT_TILE)
 
     @classmethod
     def from_env(cls, env=None) -> MmaTuning:
@@ -252,10 +257,12 @@ class MmaTuning:
         copies_fit = int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= COPY_BUFFERS
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
-        first = ((DIRECT_TILE,) if self.direct else ()) + ((WC_TILE,) if self.wc else ())
+        big = ((DIRECT_TILE,) if self.direct else ()) + ((WC_TILE,) if self.wc else ())
+        first = self.lead + big
         for n, tile in enumerate(first + tiles):
             rows16 = tile.WC in (1, 2)  # reads f16 weight rows a pass writes (one binding)
-            if (((rows16 or n < len(first)) and T < self.wc_min_t) or (rows16 and w16_bytes > binding) or (K and K % (32 * tile.SUB))
+            sized = rows16 or len(self.lead) <= n < len(first)  # worth it from wc_min_t tokens
+            if ((sized and T < self.wc_min_t) or (rows16 and w16_bytes > binding) or (K and K % (32 * tile.SUB))
                     or ((tile.XC or rows16) and not copies_fit) or (tile.WC == 3 and qtype not in DIRECT_TYPES)
                     or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
@@ -271,8 +278,9 @@ class MmaTuning:
 
     def for_experts(self) -> MmaTuning:
         """The tuning as grouped expert products take it: no tile copying f16 rows (their tiles gather
-        rows from a bank), one tile list."""
-        return replace(self, tiles=without_copies(self.tiles), plain_tiles=None, wc=False)
+        rows from a bank), one tile list, EXPERT_DIRECT_TILE first for DIRECT_TYPES."""
+        return replace(self, tiles=without_copies(self.tiles), plain_tiles=None, wc=False, direct=False,
+                       lead=(EXPERT_DIRECT_TILE,))
 
 
 def available(dev) -> bool:

@@ -318,7 +318,7 @@ def _three_products(gpu, kernels, qtype, tiles):
     yp = _nan(gpu, Tp, Np)
     pre, xfp = _rows(kernels, xp, Kp, Tp)
     pair = KMQ.gate_up_dispatches(kernels, wg, wu, cg, cu, xfp, yp, "gelu", Tp, tile=pair_tile)
-    assert pair is not None and len(pair) == 1 + bool(pair_tile.XC) + bool(pair_tile.WC)
+    assert pair is not None and len(pair) == 1 + bool(pair_tile.XC) + (pair_tile.WC in (1, 2))
     ds += pre + pair
     sizes, Ks = (40, 24, 24), 256  # the q|k|v split with its bias
     ts = [make_weight(qtype, n, Ks, rng) for n in sizes]
@@ -401,18 +401,18 @@ def test_grouped_experts_on_the_tensor_cores(mma, kernels, qtype):
                 _grouped_pair_case(mma, kernels, fused, tile=tile, rtol=4e-3)
 
 
-EXPERT_DIRECT = KMA.MmaTile(128, 32, 2, 4, 2, 8, 0, 3)  # WC 3 over expert tiles: the units of a bank's rows
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
 def test_grouped_experts_convert_units_directly(mma, kernels, qtype):
     """Grouped expert products on a WC 3 tile (each gathered row's fetched units straight into f16): plain, and
     for Q4_K the gate||up pair from two banks and one fused bank, within the bounds of the tiles above."""
-    assert EXPERT_DIRECT in KMA.without_copies((EXPERT_DIRECT,)) and EXPERT_DIRECT.fits(mma, pair=True)
-    _grouped_case(mma, kernels, qtype, False, 256, tile=EXPERT_DIRECT, tol=TOL)
-    if qtype == Q.Q4_K:
-        for fused in (False, True):
-            _grouped_pair_case(mma, kernels, fused, tile=EXPERT_DIRECT, rtol=4e-3)
+    for tile in (KMA.EXPERT_DIRECT_TILE, KMA.MmaTile(128, 32, 2, 4, 2, 8, 0, 3)):
+        assert tile in KMA.without_copies((tile,)) and tile.fits(mma, pair=True)
+        _grouped_case(mma, kernels, qtype, False, 256, tile=tile, tol=TOL)
+        if qtype == Q.Q4_K:
+            for fused in (False, True):
+                _grouped_pair_case(mma, kernels, fused, tile=tile, rtol=4e-3)
 
 
 def test_engine_picks_the_tensor_cores(mma, kernels):
@@ -484,10 +484,15 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
     assert KMA.MmaTuning().tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE  # off by default
-    # WC 3 in a tile list (grouped experts: INFR_MMA_EXPERTS=1 INFR_MMA_TILES=...) for those types, no minimum
-    ex = KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1", "INFR_MMA_TILES": "128,32,2,4,2,8,0,3 64,32,2,2,2"}).for_experts()
+    # WC 3 in a tile list for those types, no minimum (here without the expert lead tile)
+    ex = replace(KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1", "INFR_MMA_TILES": "128,32,2,4,2,8,0,3 64,32,2,2,2"})
+                 .for_experts(), lead=())
     assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q).spec for q in ("q4_k", "q8_0")] == [
         "128,32,2,4,2,8,0,3", "64,32,2,2,2,8"]
+    # by default (INFR_MMA_EXPERTS=1 alone) EXPERT_DIRECT_TILE first for those types, whatever it pads
+    ex = KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1"}).for_experts()
+    assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q) for q in ("q4_k", "q6_k", "q8_0")] == [
+        KMA.EXPERT_DIRECT_TILE, KMA.EXPERT_DIRECT_TILE, KMA.TILES[2]]
     tall = replace(KMA.WC_TILE, BN=256, BT=32, SGR=4, SGT=1)
     assert tall.shared_bytes() <= 49152 and not tall.fits(Dev())  # past the f16 rows' padding to 128
     on, off = KMA.MmaTuning(), KMA.MmaTuning.from_env({"INFR_MMA_WC": "0"})
