@@ -38,7 +38,7 @@
 // the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
 // sums meet in ep, added in group order, and group 0 stores them. KP times the subgroups in flight
 // for the same tiles, where one group alone left most of the GPU idle waiting on its loads.
-// DIRECT (WC 3, Q4_K and Q6_K): no dequantizing pass and no wq / ws staging: each invocation's
+// DIRECT (WC 3; Q4_K, Q6_K, Q8_0, Q5_0): no dequantizing pass and no wq / ws staging: each invocation's
 // fetched units (the readers' Raw, a stage ahead) become f16 values in wh in B (mma_direct_TYPE.wgsl).
 
 enable chromium_experimental_subgroup_matrix;

@@ -8,7 +8,7 @@
 // A workgroup stages BN rows (PAIR: BN / 2 rows of gate, binding 1, and of up, binding 6) a stage
 // of KS values at a time, for SPW stages. Rows are padded to 128 per half (mma_stage's f16_row);
 // rows past N copy row N - 1. Dispatch (ceil(N / OUT_ROWS) rounded up to 128 rows, ceil(K / (KS SPW)), 1).
-// DIRECT (Q4_K, Q6_K): each invocation turns its fetched units into f16 values in a workgroup tile wh
+// DIRECT (kernels_mma.DIRECT_TYPES): each invocation turns its fetched units into f16 values in a workgroup tile wh
 // by mma_direct_{{QTYPE}}.wgsl's unit_f16, as gemm_mma's WC 3 tiles do, not through the staged lanes:
 // the form that checks those tiles' conversion on adapters without subgroup matrices.
 

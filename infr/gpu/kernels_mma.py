@@ -149,13 +149,13 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # weights (the readers' Raw, a stage ahead) straight into f16 values in the tile (mma_direct_TYPE.wgsl),
 # with no int8 lanes staged (which made a 128-row tile too big for 48 KiB). Each token tile converts its
 # weight tile again, where WC_TILE reads f16 rows written once per product (and streamed from memory
-# again per token tile). For the types with a unit_f16; INFR_MMA_DIRECT=1 until a GPU times it.
+# again per token tile). For the types with a unit_f16 (DIRECT_TYPES); INFR_MMA_DIRECT=1 until a GPU times it.
 DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # Grouped expert products (MUL_MAT_ID) on WC 3 tiles: gathered rows need no f16 copies. On an H100 (perf/moe_grouped_time.py
 # --flavor dawn --model qwen3-30b-a3b --T 512: 32 pairs an expert) 128 x 64 ran gate||up in 0.527 ms and down in 0.422
 # against the int8 GEMM's 0.949 / 0.608 and the converting 64 x 32's 0.999 / 0.668; 128 x 32 0.685 / 0.622.
 EXPERT_DIRECT_TILE = MmaTile(128, 64, 2, 4, 2, 8, 0, 3)
-DIRECT_TYPES = ("q4_k", "q6_k")
+DIRECT_TYPES = ("q4_k", "q6_k", "q8_0", "q5_0")
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
 # Q4_K shapes, perf/h200/mma-kp-T32-2026-12-06-h100.json) 32 x 32 with 4 groups ran q/o 17.2, down 18.5 TOPS

@@ -98,7 +98,7 @@ def test_token_tiles_first_gives_the_same_bits(mma, kernels, qtype):
 
 
 @pytest.mark.parametrize("xc", [0, 2], ids=["direct", "direct-token-words"])
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name.lower())
 def test_units_converted_directly(mma, kernels, qtype, xc):
     """WC 3 tiles (kernels_mma.DIRECT_TILE's kind): each invocation's fetched units turned straight into
     f16 values of the weight tile, no int8 lanes staged and no dequantizing pass: the same bits as the
@@ -403,13 +403,14 @@ def test_grouped_experts_on_the_tensor_cores(mma, kernels, qtype):
 
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0], ids=lambda q: q.name.lower())
 def test_grouped_experts_convert_units_directly(mma, kernels, qtype):
-    """Grouped expert products on a WC 3 tile (each gathered row's fetched units straight into f16): plain, and
+    """Grouped expert products on a WC 3 tile (each gathered row's fetched units straight into f16): plain (Q5_0's
+    rows 704 wide, as Gemma 4 26B's down), and
     for Q4_K the gate||up pair from two banks and one fused bank, within the bounds of the tiles above."""
     for tile in (KMA.EXPERT_DIRECT_TILE, KMA.MmaTile(128, 32, 2, 4, 2, 8, 0, 3)):
         assert tile in KMA.without_copies((tile,)) and tile.fits(mma, pair=True)
-        _grouped_case(mma, kernels, qtype, False, 256, tile=tile, tol=TOL)
+        _grouped_case(mma, kernels, qtype, False, 256 if qtype in (Q.Q4_K, Q.Q6_K) else 704, tile=tile, tol=TOL)
         if qtype == Q.Q4_K:
             for fused in (False, True):
                 _grouped_pair_case(mma, kernels, fused, tile=tile, rtol=4e-3)
@@ -479,7 +480,7 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # for the types with a direct conversion, from wc_min_t tokens, however large its (unwritten) f16 rows
     direct = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "1"})
     assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
-    assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "q8_0")] == [
+    assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
         KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
@@ -487,11 +488,11 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # WC 3 in a tile list for those types, no minimum (here without the expert lead tile)
     ex = replace(KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1", "INFR_MMA_TILES": "128,32,2,4,2,8,0,3 64,32,2,2,2"})
                  .for_experts(), lead=())
-    assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q).spec for q in ("q4_k", "q8_0")] == [
+    assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q).spec for q in ("q4_k", "iq4_xs")] == [
         "128,32,2,4,2,8,0,3", "64,32,2,2,2,8"]
     # by default (INFR_MMA_EXPERTS=1 alone) EXPERT_DIRECT_TILE first for those types, whatever it pads
     ex = KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1"}).for_experts()
-    assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q) for q in ("q4_k", "q6_k", "q8_0")] == [
+    assert [ex.tile_for(Dev(), 768, 32, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
         KMA.EXPERT_DIRECT_TILE, KMA.EXPERT_DIRECT_TILE, KMA.TILES[2]]
     tall = replace(KMA.WC_TILE, BN=256, BT=32, SGR=4, SGT=1)
     assert tall.shared_bytes() <= 49152 and not tall.fits(Dev())  # past the f16 rows' padding to 128

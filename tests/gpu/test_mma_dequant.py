@@ -65,15 +65,16 @@ def test_rows_are_the_blocks_values_in_f16(gpu, kernels, qtype, pair):
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["plain", "pair"])
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name.lower())
 def test_direct_units_give_the_same_values(gpu, kernels, qtype, pair):
     """The direct conversion of the tensor-core tiles that dequantize no rows first (kernels_mma.DIRECT_TILE,
     mma_direct_TYPE.wgsl's unit_f16: fetched units straight into f16, no int8 lanes staged), run here by the
     pass's DIRECT form: the same bits as the staged conversion, so within the bound of gguf's values. Q6_K
-    rows of 1280 values are 1050 bytes, so every other row's blocks start 2 bytes past a word."""
+    rows of 1280 values are 1050 bytes, so every other row's blocks start 2 bytes past a word (as Q8_0's and
+    Q5_0's 34- and 22-byte blocks do within rows)."""
     assert KM.wgsl_name(qtype) in KMA.DIRECT_TYPES
     rng = np.random.default_rng([int(qtype), pair, 3])
-    for rows, K in SHAPES[256]:
+    for rows, K in SHAPES[KM.block_shape(qtype)[0]]:
         ts, want, _ = _case(kernels, qtype, rows, K, pair, rng)
         _, got, _ = _case(kernels, qtype, rows, K, pair, rng, direct=True, ts=ts)
         for half, t in zip(got, ts):
@@ -82,8 +83,8 @@ def test_direct_units_give_the_same_values(gpu, kernels, qtype, pair):
 
 
 def test_direct_form_only_for_its_types(kernels):
-    with pytest.raises(UnsupportedError, match="no direct conversion of q8_0"):
-        KMQ.dequant_pipeline(kernels, Q.Q8_0, False, direct=True)
+    with pytest.raises(UnsupportedError, match="no direct conversion of iq4_xs"):
+        KMQ.dequant_pipeline(kernels, Q.IQ4_XS, False, direct=True)
 
 
 @pytest.mark.parametrize("sizes", [(256, 128, 128), (200, 100, 60)], ids=lambda s: "+".join(map(str, s)))

@@ -230,6 +230,9 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile, pair_act="gelu_f16")
     KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), KMA.MmaTile(128, 32, 2, 4, 2, 8, 0, 3), pair_act="silu", expert=True)
     KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), KMA.EXPERT_DIRECT_TILE, expert=True)
+    for q in (Q.Q8_0, Q.Q5_0):
+        KMA.pipeline(rec, KM.wgsl_name(q), KMA.DIRECT_TILE, pair_act="silu")
+        KMA.pipeline(rec, KM.wgsl_name(q), KMA.EXPERT_DIRECT_TILE, expert=True)
     for tile in KP_TILES:  # stages split among groups of subgroups (batched decode steps)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
