@@ -149,7 +149,9 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # weights (the readers' Raw, a stage ahead) straight into f16 values in the tile (mma_direct_TYPE.wgsl),
 # with no int8 lanes staged (which made a 128-row tile too big for 48 KiB). Each token tile converts its
 # weight tile again, where WC_TILE reads f16 rows written once per product (and streamed from memory
-# again per token tile). For the types with a unit_f16 (DIRECT_TYPES); INFR_MMA_DIRECT=1 until a GPU times it.
+# again per token tile). For the types with a unit_f16 (DIRECT_TYPES; INFR_MMA_DIRECT=0: WC_TILE). On an H100 with
+# token tiles first (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt) 8245.0 / 8512.6 t/s
+# against 8111.7 / 8281.8 with WC_TILE.
 DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # Grouped expert products (MUL_MAT_ID) on WC 3 tiles: gathered rows need no f16 copies. On an H100 (perf/moe_grouped_time.py
 # --flavor dawn --model qwen3-30b-a3b --T 512: 32 pairs an expert) 128 x 64 ran gate||up in 0.527 ms and down in 0.422
@@ -195,7 +197,9 @@ class MmaTuning:
     min_groups: int = 1
     plain_min_t: int = PLAIN_MIN_T
     pair_min_t: int = PAIR_MIN_T
-    experts: bool = False  # kernels_moe's grouped expert products here too (INFR_MMA_EXPERTS=1; expert_tile_for)
+    # kernels_moe's grouped expert products here too (expert_tile_for; INFR_MMA_EXPERTS=0: the int8 GEMM's tiles): on
+    # EXPERT_DIRECT_TILE Qwen3-30B-A3B's pp512 ran 7372.0 t/s against 5759.5 on an H100 (best of 3, s41-...-h100.txt)
+    experts: bool = True
     # gemma4's dense gate||up pair with the table GELU here too (INFR_MMA_TABLE_PAIR=1): written and checked
     # against the reference on lavapipe's Tint only; until a GPU with these tensor cores runs it, gate and
     # up run as two products and gated_gelu_f16 (kernels_mmq.pairs_act)
@@ -209,7 +213,7 @@ class MmaTuning:
     # a Q4_K_M layer's mixed q|k|v (a Q6_K v) as one product on a WC tile (kernels_mmq.mixed_tile;
     # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
     mixed: bool = False
-    direct: bool = False  # DIRECT_TILE first for DIRECT_TYPES (INFR_MMA_DIRECT=1)
+    direct: bool = True  # DIRECT_TILE first for DIRECT_TYPES (INFR_MMA_DIRECT=0: not)
     lead: tuple[MmaTile, ...] = ()  # tiles taken first wherever they apply (for_experts: EXPERT_DIRECT_TILE)
 
     @classmethod
@@ -312,8 +316,9 @@ def keeps_gemv(dev, T: int, pair: bool = False, K: int = 0) -> bool:
 
 
 # The grouped expert products (MUL_MAT_ID) on these tiles are checked against the reference on an
-# H100 (tests/gpu/test_mma.py::test_grouped_experts_on_the_tensor_cores) but not yet timed against
-# the int8 GEMM's expert tiles end to end, so they stay opt-in (MmaTuning.experts) until they are.
+# H100 (tests/gpu/test_mma.py::test_grouped_experts_on_the_tensor_cores, ..._convert_units_directly).
+# Converting tiles lost to the int8 GEMM's expert tiles end to end (perf/README.md, stop 31); the direct
+# EXPERT_DIRECT_TILE wins, so the tensor cores take them by default where it applies (MmaTuning.experts).
 
 
 def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False,

@@ -392,11 +392,13 @@ def _check(w, K: int) -> Q:
 
 
 def _tile(kernels: Kernels, q, n_out: int, T: int, pair: bool = False, K: int = 0,
-          w16_rows: int = 0) -> MmqTile | KMA.MmaTile:
+          w16_rows: int = 0, direct: bool = True) -> MmqTile | KMA.MmaTile:
     """The tensor-core tile where the device has one (kernels_mma), else the int8 GEMM's. A WC tile's
-    f16 weight rows (each half padded to 128; `w16_rows` where a mixed stack writes more) must fit one binding."""
+    f16 weight rows (each half padded to 128; `w16_rows` where a mixed stack writes more) must fit one binding;
+    `direct` False: no tile converting one type's units (WC 3)."""
     w16 = 2 * K * (w16_rows or -(-n_out // 128) * 128) * (2 if pair else 1)
-    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K, qtype=KM.wgsl_name(q))
+    mma = KMA.tile_for(kernels.dev, n_out, T, READERS[Q(int(q))], pair, w16_bytes=w16, K=K,
+                       qtype=KM.wgsl_name(q) if direct else None)
     if mma is not None:
         return mma
     return device_tuning(kernels.dev).tile_for(kernels.dev, q, n_out, T, pair)
@@ -533,7 +535,8 @@ def mixed_tile(kernels: Kernels, tensors, T: int) -> KMA.MmaTile | None:
     offs, _, rows = _mixed_rows([int(t.shape[0]) for t in tensors])
     if any(2 * K * o % KM.STACK_ALIGN for o in offs):
         return None
-    tile = _tile(kernels, tensors[0].qtype, sum(int(t.shape[0]) for t in tensors), T, K=K, w16_rows=rows)
+    tile = _tile(kernels, tensors[0].qtype, sum(int(t.shape[0]) for t in tensors), T, K=K, w16_rows=rows,
+                 direct=False)  # its rows are of several types: a tile reading f16 rows, not one type's units
     return tile if _copies(tile)[1] else None
 
 

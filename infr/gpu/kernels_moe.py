@@ -14,8 +14,8 @@ Per step, with A = T * n_used (token, slot) pairs, a = t * n_used + s:
 Small batches run the same kernels, a workgroup per pair (each reads its own expert's rows).
 Batches that the dense matmuls run as int8 GEMMs (kernels_mmq.use_mmq) group the pairs by expert
 on the GPU (wgsl/moe_group.wgsl: a count and a scatter) and run one tiled GEMM per bank over all
-groups (gemm_mmq.wgsl with mmq_expert_on.wgsl; with INFR_MMA_EXPERTS=1 on tensor-core devices
-gemm_mma.wgsl with the same expert tiles), llama.cpp's MUL_MAT_ID; each output row is still
+groups (gemm_mmq.wgsl with mmq_expert_on.wgsl; on tensor-core devices gemm_mma.wgsl with the same
+expert tiles, kernels_mma.expert_tile_for), llama.cpp's MUL_MAT_ID; each output row is still
 computed alone, so a row's result does not depend on which rows share its expert. Banks are uploaded by
 expert ranges that each fit one storage binding (upload_bank); a kernel runs once per range,
 its pairs routed elsewhere leaving at once.
@@ -324,15 +324,18 @@ TABLE_PAIR_BUFFERS = 9
 
 def _pair_tile(kernels: Kernels, m: MoESpec, q, H: int, A: int, E: int):
     """The grouped gate||up product's tile, or None where gate and up run apart: the table GELU on a
-    device short of storage bindings, or on the tensor cores' tiles (their table GELU,
-    INFR_MMA_TABLE_PAIR, is dense only). The pair stages the tokens' rows once for both halves and
-    needs no gated_gelu_f16 pass."""
+    device short of storage bindings. The table GELU's pair takes the int8 GEMM's tile where the tensor
+    cores' would be chosen (their table GELU, INFR_MMA_TABLE_PAIR, is dense only): the pair stages the
+    tokens' rows once for both halves and needs no gated_gelu_f16 pass (Gemma 4 26B-A4B: 1.270 against
+    2.125 ms apart, perf/README.md stop 31)."""
     if _table_act(m):
         limit = int(kernels.dev.limits.get("max-storage-buffers-per-shader-stage", 8))
         if limit < TABLE_PAIR_BUFFERS:
             return None
     tile = grouped_tile(kernels, q, H, A, pair=True, E=E)
-    return None if _table_act(m) and isinstance(tile, KMA.MmaTile) else tile
+    if _table_act(m) and isinstance(tile, KMA.MmaTile):
+        return KMQ.device_tuning(kernels.dev).expert_tile_for(kernels.dev, q, H, A, E, True)
+    return tile
 
 
 def _same_ranges(a, b) -> bool:

@@ -420,24 +420,27 @@ def test_engine_picks_the_tensor_cores(mma, kernels):
     """Where the device has them, a prompt batch's matmul is this kernel (by tile), and INFR_MMA=0 keeps mmq."""
     from infr.gpu import tuning
 
-    assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMA.MmaTile)
-    # grouped experts only with MmaTuning.experts (INFR_MMA_EXPERTS=1): Qwen3-30B-A3B's pp512, 4096
-    # pairs over 128 experts, 32 an expert, takes the 32-token tile
-    assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
-    with tuning.override(mma=KMA.MmaTuning(experts=True)):
-        grouped = KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128)
-        assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32
+    assert KMQ._tile(kernels, Q.Q4_K, 4096, 512) == KMA.DIRECT_TILE
+    # grouped experts with MmaTuning.experts (default; INFR_MMA_EXPERTS=0: the int8 GEMM's): Qwen3-30B-A3B's
+    # pp512, 4096 pairs over 128 experts, 32 an expert, takes EXPERT_DIRECT_TILE (Q4_K), a Q8_0 bank's too,
+    # an IQ4_XS bank the converting 32-token tile
+    assert KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128) == KMA.EXPERT_DIRECT_TILE
+    assert KMoE.grouped_tile(kernels, Q.Q8_0, 768, 4096, pair=True, E=128) == KMA.EXPERT_DIRECT_TILE
+    grouped = KMoE.grouped_tile(kernels, Q.IQ4_XS, 768, 4096, pair=True, E=128)
+    assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32 and not grouped.WC
+    with tuning.override(mma=KMA.MmaTuning(experts=False)):
+        assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
     with tuning.override(mma=KMA.MmaTuning(on=False)):
         assert isinstance(KMQ._tile(kernels, Q.Q4_K, 4096, 512), KMQ.MmqTile)
         assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
 
 
 def test_tuning_reads_the_environment_and_picks_tiles():
-    """INFR_MMA=0 turns the kernel off, INFR_MMA_EXPERTS=1 takes grouped experts there; INFR_MMA_TILES
+    """INFR_MMA=0 turns the kernel off, INFR_MMA_EXPERTS=0 leaves grouped experts to the int8 GEMM; INFR_MMA_TILES
     replaces the list; a tile that does not fit the device's workgroup memory, or a pair tile with an
     odd number of row matrices, is passed over."""
     assert not KMA.MmaTuning.from_env({"INFR_MMA": "0"}).on
-    assert not KMA.MmaTuning.from_env({}).experts and KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1"}).experts
+    assert KMA.MmaTuning.from_env({}).experts and not KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "0"}).experts
     t = KMA.MmaTuning.from_env({"INFR_MMA_TILES": "64,128,2,2,4 32,32,2,1,1,0"})
     assert [x.spec for x in t.tiles] == ["64,128,2,2,4,8", "32,32,2,1,1,0"]
 
@@ -476,15 +479,15 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert KMA.WC_TILE.WC == 2 and KMA.MmaTile.parse(KMA.WC_TILE.spec) == KMA.WC_TILE and KMA.WC_TILE.fits(Dev())
     assert KMA.WC_TILE.XC == 2 and replace(KMA.WC_TILE, XC=1).fits(Dev())  # its tokens by vec4 words too
     assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=4).fits(Dev())
-    # WC 3 (DIRECT_TILE's): no f16 rows and no staged lanes, so 128 x 128 fits; taken first with INFR_MMA_DIRECT=1
+    # WC 3 (DIRECT_TILE's): no f16 rows and no staged lanes, so 128 x 128 fits; taken first (INFR_MMA_DIRECT=0: not)
     # for the types with a direct conversion, from wc_min_t tokens, however large its (unwritten) f16 rows
-    direct = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "1"})
+    direct = KMA.MmaTuning.from_env({})
     assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
     assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
         KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
-    assert KMA.MmaTuning().tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE  # off by default
+    assert KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "0"}).tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE
     # WC 3 in a tile list for those types, no minimum (here without the expert lead tile)
     ex = replace(KMA.MmaTuning.from_env({"INFR_MMA_EXPERTS": "1", "INFR_MMA_TILES": "128,32,2,4,2,8,0,3 64,32,2,2,2"})
                  .for_experts(), lead=())
