@@ -213,15 +213,15 @@ def gemv_shape(t: GemvTuning, pair: bool, nt: int, q8_out: bool) -> tuple[int, i
     return wg, R, (wg // t.SG if t.SG else wg) * R * nt
 
 
-def gemv_needs(dev: Device, pair: bool = False, split: bool = False, q8_out: bool = False, rope: bool = False,
+def gemv_needs(dev: Device, pair: bool = False, split: bool = False, rope: bool = False,
                table: bool = False, T: int = 1) -> tuple[int, int, int]:
-    """(workgroup bytes, storage buffers, output rows a workgroup) of the GEMV of this kind: what
-    kernels_norm_in.takes weighs."""
+    """(workgroup bytes, storage buffers, output rows a workgroup) of the GEMV of this kind (not a pair that
+    rounds its output: no norm goes into those): what kernels_norm_in.takes weighs."""
     t = GemvTuning.for_device(dev)
     nt = t.tokens(T)
-    wg, R, partial = gemv_shape(t, pair, nt, q8_out)
-    shared = 4 * (partial + 16 + (48 * nt if q8_out else 0) + (GEMV_TEAMS * R * nt if rope else 0))
-    return shared, 5 + 2 * (split or pair) - (pair and not q8_out) + 6 * rope + table, wg // 32 * (1 if pair else R)
+    wg, R, partial = gemv_shape(t, pair, nt, False)
+    shared = 4 * (partial + 16 + (GEMV_TEAMS * R * nt if rope else 0))
+    return shared, 5 + 2 * (split or pair) - pair + 6 * rope + table, wg // 32 * (1 if pair else R)
 
 
 def gemv_pipeline(kernels: Kernels, types, pair_act: str | None = None, split: bool = False, T: int = 1,
