@@ -238,7 +238,7 @@ def main() -> None:
                         t = tile
                     else:
                         t = (tile.resolved(dev, KMQ.READERS[q]) if tile else
-                             KMA.tile_for(dev, case.N, args.T, KMQ.READERS[q], pair) if args.mma == "auto" else
+                             KMA.tile_for(dev, case.N, args.T, KMQ.READERS[q], pair, qtype=KM.wgsl_name(q)) if args.mma == "auto" else
                              KMQ.device_tuning(dev).tile_for(dev, q, case.N, args.T, pair))
                         if t is None:
                             raise ValueError("no tensor-core tile runs here")

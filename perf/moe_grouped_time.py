@@ -126,7 +126,8 @@ def main() -> None:
                 auto = KMQ.device_tuning(dev).expert_tile_for(dev, q_down if which == "down" else q_up, N, A, E, pair)
             else:
                 t = TU.current().mma  # the expert tiles as kernels_mma.expert_tile_for takes them, whether or not on
-                auto = t.for_experts().tile_for(dev, N, -(-A // E), 0, pair)
+                qn = KM.wgsl_name(q_down if which == "down" else q_up)
+                auto = t.for_experts().tile_for(dev, N, -(-A // E), 0, pair, qtype=qn)
             for tile in _tiles(spec, parse, auto):
                 if tile is None:
                     continue

@@ -17,8 +17,9 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256; XC / WC 2 copy them by vec4 words); WC_TILE, 128 x 128 copying both by vec4 words, comes first
-unless INFR_MMA_WC=0.
+tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); DIRECT_TILE
+(WC 3) comes first for DIRECT_TYPES unless INFR_MMA_DIRECT=0, then WC_TILE, 128 x 128 copying both by vec4
+words, unless INFR_MMA_WC=0. Grouped expert products take EXPERT_DIRECT_TILE unless INFR_MMA_EXPERTS=0.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class MmaTile:
 # Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
 # step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
 # (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
-# the one padding T least. WC_TILE (first; INFR_MMA_WC=0 leaves it out): from 256 tokens (wc_min_t), 128 x 128
+# the one padding T least. WC_TILE (first after DIRECT_TILE; INFR_MMA_WC=0 leaves it out): from 256 tokens (wc_min_t), 128 x 128
 # with 2 x 4 subgroups of 4 x 2 matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes
 # once per product. On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass
 # included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
@@ -157,6 +158,9 @@ DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # --flavor dawn --model qwen3-30b-a3b --T 512: 32 pairs an expert) 128 x 64 ran gate||up in 0.527 ms and down in 0.422
 # against the int8 GEMM's 0.949 / 0.608 and the converting 64 x 32's 0.999 / 0.668; 128 x 32 0.685 / 0.622.
 EXPERT_DIRECT_TILE = MmaTile(128, 64, 2, 4, 2, 8, 0, 3)
+# Only from this many pairs an expert (a prompt batch's share: 512 tokens x 8 of 128 experts is 32): below it
+# (batched decode steps) the int8 GEMM's tiles for few pairs, as measured before (kernels_mmq.expert_few).
+EXPERT_DIRECT_MIN_T = 32
 DIRECT_TYPES = ("q4_k", "q6_k", "q8_0", "q5_0")
 # KP groups for a batched decode step's plain products (o, down, q|k|v: few row tiles, long K, so one group
 # of subgroups a workgroup left the GPU waiting on loads). On an H100 at T = 32 (perf/mmq_bench.py, the 8B's
@@ -318,15 +322,17 @@ def keeps_gemv(dev, T: int, pair: bool = False, K: int = 0) -> bool:
 # The grouped expert products (MUL_MAT_ID) on these tiles are checked against the reference on an
 # H100 (tests/gpu/test_mma.py::test_grouped_experts_on_the_tensor_cores, ..._convert_units_directly).
 # Converting tiles lost to the int8 GEMM's expert tiles end to end (perf/README.md, stop 31); the direct
-# EXPERT_DIRECT_TILE wins, so the tensor cores take them by default where it applies (MmaTuning.experts).
+# EXPERT_DIRECT_TILE wins, so the tensor cores take them by default where it applies (MmaTuning.experts,
+# expert_tile_for: DIRECT_TYPES banks, from EXPERT_DIRECT_MIN_T pairs an expert).
 
 
 def expert_tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False,
                     qtype: str | None = None) -> MmaTile | None:
     """tile_for, for grouped expert products (T: the tokens one expert's tile holds), where the
-    tuning takes them onto the tensor cores; else None."""
+    tuning takes them onto the tensor cores: banks of DIRECT_TYPES from EXPERT_DIRECT_MIN_T pairs an expert
+    (the converting tiles lost to the int8 GEMM's end to end, perf/README.md stop 31); else None."""
     t = TU.current().mma
-    if not t.experts or not t.on or not available(dev):
+    if not t.experts or not t.on or not available(dev) or qtype not in DIRECT_TYPES or T < EXPERT_DIRECT_MIN_T:
         return None
     return t.for_experts().tile_for(dev, n_out, T, extra, pair, qtype=qtype)
 
@@ -435,7 +441,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
         "VEC_FNS": "\n".join(f"// #include mma_{c}vec_{'on' if on else 'off'}" for c, on in (("w", tile.WC == 2),
                                                                                           ("x", tile.XC == 2))),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
-        "TOKENS_FIRST": str(bool(TU.current().gemm_tokens_first) and not expert).lower(),
+        "TOKENS_FIRST": str(TU.current().gemm_tokens_first != 0 and not expert).lower(),
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)
     return pipe, (tile.BN // 2 if pair else tile.BN), tile.BT

@@ -306,7 +306,7 @@ def mmq_pipeline(kernels: Kernels, qtype, tile: MmqTile | KMA.MmaTile, pair_act:
         "PAIR": str(pair).lower(), **KM.pair_act_consts(pair_act),
         **KM.tile_reader_consts(pair, split),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
-        "TOKENS_FIRST": str(bool(TU.current().gemm_tokens_first) and not expert).lower(),
+        "TOKENS_FIRST": str(TU.current().gemm_tokens_first == 1 and not expert).lower(),
     }
     pipe = kernels.pipeline("gemm_mmq", "main", unchecked=bool(t.UNCHECKED), **consts)
     return pipe, (t.BN // 2 if pair else t.BN), t.BT

@@ -94,12 +94,13 @@ class Tuning:
     # the first while the host records the rest. Not yet timed on a GPU, so off.
     submit_parts: int = 1
     submit_min_t: int = 64
-    # 1: the prompt-batch matmuls (gemm_mmq, gemm_mma; not expert tiles) number their workgroups token
-    # tiles first, so the token tiles sharing a weight tile run together and read it from the cache
-    # once (INFR_GEMM_TOKENS_FIRST); 0: grid order, where at T = 512 each of the 8B's four token tiles
-    # streamed the gate||up pair's 235 MB of f16 rows from memory again. On an H100 (8B pp512, best of 4,
-    # runs alternated; perf/h200/s41-2026-12-07-h100.txt) 8111.7 / 8281.8 t/s against 8047.7 / 8171.3.
-    gemm_tokens_first: int = 1
+    # The prompt-batch matmuls number their workgroups token tiles first (not expert tiles), so the token
+    # tiles sharing a weight tile run together and read it from the cache once: -1 (default) the tensor
+    # cores' (gemm_mma), 1 (INFR_GEMM_TOKENS_FIRST=1) the int8 GEMM's too (not timed), 0 neither (grid order,
+    # where at T = 512 each of the 8B's four token tiles streamed the gate||up pair's 235 MB of f16 rows from
+    # memory again). On an H100 (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt)
+    # 8111.7 / 8281.8 t/s against 8047.7 / 8171.3.
+    gemm_tokens_first: int = -1
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
@@ -109,8 +110,8 @@ class Tuning:
         parts, part_t = int(env.get("INFR_SUBMIT_PARTS") or 1), int(env.get("INFR_SUBMIT_MIN_T") or 64)
         if parts < 1 or part_t < 1:
             raise ValueError(f"INFR_SUBMIT_PARTS and INFR_SUBMIT_MIN_T must be at least 1, got {parts}, {part_t}")
-        first = env.get("INFR_GEMM_TOKENS_FIRST") or "1"
-        if first not in ("0", "1"):
+        first = env.get("INFR_GEMM_TOKENS_FIRST") or "-1"
+        if first not in ("-1", "0", "1"):
             raise ValueError(f"INFR_GEMM_TOKENS_FIRST must be 0 or 1, got {first!r}")
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),

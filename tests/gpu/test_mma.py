@@ -422,12 +422,12 @@ def test_engine_picks_the_tensor_cores(mma, kernels):
 
     assert KMQ._tile(kernels, Q.Q4_K, 4096, 512) == KMA.DIRECT_TILE
     # grouped experts with MmaTuning.experts (default; INFR_MMA_EXPERTS=0: the int8 GEMM's): Qwen3-30B-A3B's
-    # pp512, 4096 pairs over 128 experts, 32 an expert, takes EXPERT_DIRECT_TILE (Q4_K), a Q8_0 bank's too,
-    # an IQ4_XS bank the converting 32-token tile
+    # pp512, 4096 pairs over 128 experts, 32 an expert, takes EXPERT_DIRECT_TILE (Q4_K), a Q8_0 bank's too;
+    # an IQ4_XS bank (no direct conversion) and fewer pairs an expert (a batched decode step) the int8 GEMM's
     assert KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128) == KMA.EXPERT_DIRECT_TILE
     assert KMoE.grouped_tile(kernels, Q.Q8_0, 768, 4096, pair=True, E=128) == KMA.EXPERT_DIRECT_TILE
-    grouped = KMoE.grouped_tile(kernels, Q.IQ4_XS, 768, 4096, pair=True, E=128)
-    assert isinstance(grouped, KMA.MmaTile) and grouped.BT == 32 and not grouped.WC
+    assert isinstance(KMoE.grouped_tile(kernels, Q.IQ4_XS, 768, 4096, pair=True, E=128), KMQ.MmqTile)
+    assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 31 * 128, pair=True, E=128), KMQ.MmqTile)
     with tuning.override(mma=KMA.MmaTuning(experts=False)):
         assert isinstance(KMoE.grouped_tile(kernels, Q.Q4_K, 768, 4096, pair=True, E=128), KMQ.MmqTile)
     with tuning.override(mma=KMA.MmaTuning(on=False)):
@@ -529,7 +529,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
         KMA.pipeline(None, "q4_k", replace(kp, XC=1))
     # grouped expert products never take a tile copying f16 rows, WC_TILE included, at any share of tokens
     experts = KMA.MmaTuning().for_experts()
-    assert not any(experts.tile_for(Dev(), 4096, T, pair=p).WC for T in (32, 256, 512, 4096) for p in (False, True))
+    assert not any(experts.tile_for(Dev(), 4096, T, pair=p, qtype=q).WC in (1, 2) for T in (32, 256, 512, 4096)
+                   for p in (False, True) for q in (None, "q4_k"))
     few = KMA.MmaTile(128, 16, 2, 8, 1)  # 4 token matrices a stage for 8 subgroups
     assert few.fits(Dev()) and not replace(few, XC=1).fits(Dev())
 
