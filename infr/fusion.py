@@ -11,8 +11,9 @@ gemma's post-norms, gemma4's layer_output_scale), "norm_residual_norm" (a norm_r
 whole-row RMSNorm of the new stream after it: gemma's pre-FFN norm, the next layer's input norm),
 "norm_twins" (two whole-row RMSNorms of one input into two buffers, the second's in-place Mul after
 them: gemma4's expert input and router input, from one sum of squares), "moe_post_norms" (a MoE, the
-RMSNorm of its output and of another row f, both in place, and f + the MoE's: gemma4's block end) and
-"op" (one op alone). The groups are part of the plan,
+RMSNorm of its output and of another row f, both in place, and f + the MoE's: gemma4's block end),
+"moe_residual_norm" (a MoE, the residual add of its output, and the whole-row RMSNorm of the new stream
+after them: the next layer's input norm) and "op" (one op alone). The groups are part of the plan,
 so a backend reads them instead of matching on op order; running a group's ops
 one after another always gives its result, which is what the CPU reference does
 and what the GPU does where a fused kernel does not apply (weights too large
@@ -29,7 +30,7 @@ from infr.ops import Add, GatedAct, MatMul, MoE, Mul, Op, RMSNorm, Rope, StoreKV
 @dataclass(frozen=True)
 class Group:
     # qkv | qkv_rope_store | gate_up | rope_store | norm_rope_store | residual | norm_residual | norm_residual_norm
-    # | norm_twins | moe_post_norms | op
+    # | norm_twins | moe_post_norms | moe_residual_norm | op
     kind: str
     ops: tuple[Op, ...]
 
@@ -58,6 +59,8 @@ def groups(ops) -> tuple[Group, ...]:
             g = Group("rope_store", tuple(ops[i : i + 3]))
         elif is_moe_post_norms(ops[i : i + 4]):
             g = Group("moe_post_norms", tuple(ops[i : i + 4]))
+        elif i + 2 < len(ops) and is_moe_residual_norm(ops[i : i + 3]):
+            g = Group("moe_residual_norm", tuple(ops[i : i + 3]))
         elif i + 1 < len(ops) and is_residual(ops[i], ops[i + 1]):
             g = Group("residual", tuple(ops[i : i + 2]))
         elif i + 1 < len(ops) and is_norm_residual(ops[i], ops[i + 1]):
@@ -163,6 +166,15 @@ def is_residual(op, nxt) -> bool:
         isinstance(op, (MatMul, MoE)) and isinstance(nxt, Add) and nxt.dst != op.dst
         and {nxt.a, nxt.b} == {nxt.dst, op.dst}
     )
+
+
+def is_moe_residual_norm(ops) -> bool:
+    """MoE(o), Add(x, x, o), then RMSNorm of whole rows of x into another buffer (the MoE's input h too, as the
+    plan writes the next layer's: the sum runs after every read of h, and reads no h itself)."""
+    if len(ops) != 3:
+        return False
+    moe, add, norm = ops
+    return isinstance(moe, MoE) and is_residual(moe, add) and is_stream_norm(norm, add.dst)
 
 
 def is_norm_residual(norm, add) -> bool:

@@ -130,3 +130,9 @@ def test_norm_twins_and_the_moe_block_end():
     end = [moe, RMSNorm("m", "m", "w2", 1e-6), RMSNorm("f", "f", "w3", 1e-6), Add("f", "f", "m")]
     assert [g.kind for g in fusion.groups(end)] == ["moe_post_norms"]
     assert [g.kind for g in fusion.groups(end[:3] + [Add("f", "m", "f")])][0] != "moe_post_norms"
+    # a MoE, its residual add and the next norm of the new stream (qwen3moe's block end, the next layer's input norm)
+    nxt = [moe, Add("x", "x", "m"), RMSNorm("h", "x", "w4", 1e-6)]  # into the MoE's input buffer, as plans write it
+    assert [g.kind for g in fusion.groups(nxt)] == ["moe_residual_norm"]
+    assert [g.kind for g in fusion.groups(nxt[:2] + [RMSNorm("x", "x", "w4", 1e-6)])] == ["residual", "op"]  # in place
+    assert [g.kind for g in fusion.groups(nxt[:2] + [RMSNorm("h2", "y", "w4", 1e-6)])] == ["residual", "op"]  # another row
+    assert [g.kind for g in fusion.groups(nxt[:2])] == ["residual"]

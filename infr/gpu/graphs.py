@@ -113,6 +113,16 @@ class Graphs:
                 fused = lower.norm_rope_store(g.ops)
             if g.kind == "moe_post_norms":  # the experts' sum, both post-norms and their add in the combine
                 fused = lower.moe_post_norms(*g.ops)
+            if g.kind == "moe_residual_norm":  # the experts' sum into x and the next norm of x, rounded for the
+                lower.ahead, lower.ahead2 = _next_two(ops, i + 2)  # GEMV after it, in the combine
+                fused = lower.moe_residual_norm(*g.ops)
+                if fused is None:  # the residual group's kernels, then the norm alone
+                    lower.ahead, lower.ahead2 = _next_two(ops, i)
+                    fused = lower.residual(*g.ops[:2])
+                    lower.ahead, lower.ahead2 = _next_two(ops, i + 2)
+                    lower.after = (walk, i + 2)
+                    fused += lower.op(g.ops[2])
+                    lower.after = None
             if g.kind == "norm_twins":  # two norms of one row (and a Mul) in one dispatch, rounded for the
                 lower.ahead, lower.ahead2 = _next_two(ops, i + len(g.ops) - 1)  # GEMV (the experts) after it
                 fused = lower.norm_twins(*g.ops)

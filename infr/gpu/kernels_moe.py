@@ -113,6 +113,37 @@ def combine_dispatch(kernels: Kernels, ys, wts, y, D: int, K: int, T: int, weigh
 
 
 @dataclass(frozen=True)
+class NextNorm:
+    """The RMSNorm of the new stream after a MoE's residual add (fusion.py's moe_residual_norm), done by the
+    combine: its weight and eps, and the plan's names of its output and input; the combine also writes the
+    output rounded (kernels_q8's layout) for the int8 GEMV that reads it next."""
+
+    g: object
+    eps: float
+    dst: str
+    src: str
+
+
+def combine_q8_dispatch(kernels: Kernels, ys, wts, y, resid, z, D: int, K: int, T: int, weighted: bool,
+                        norm: NextNorm, scales=None) -> tuple[Dispatch, object]:
+    """y[t] = resid[t] + combine(ys)[t], then z[t] = rmsnorm(y[t]) * g, written and rounded
+    (wgsl/moe_combine_q8.wgsl): combine_dispatch then rmsnorm_q8_dispatch's floats in one dispatch, and
+    the rounded rows' buffer. D % 256 == 0."""
+    if D % 256:
+        raise ValueError(f"moe_combine_q8 needs D % 256 == 0, got {D}")
+    xq = KQ._buffer(kernels, "q8", 4 * T * KQ.words(D))
+    pipe = kernels.pipeline("moe_combine_q8", "main")
+    p = KS._params(kernels, KS._pack([("D", "u32", D), ("K", "u32", K), ("T", "u32", T),
+                                      ("weighted", "u32", int(weighted)), ("scaled", "u32", int(scales is not None)),
+                                      ("eps", "f32", norm.eps), ("q_stride", "u32", KQ.words(D))]), None,
+                   "moe_combine_q8")
+    dummy = KS._dummy(kernels)
+    sc, ids = scales if scales is not None else (dummy, dummy)
+    res = [p, ys, wts, y, resid, sc, ids, norm.g, z, xq]
+    return Dispatch(pipe, kernels.bind(pipe, res), (-(-D // 1024), T, 1), f"moe_combine_q8 {D}"), xq
+
+
+@dataclass(frozen=True)
 class PostNorms:
     """gemma4's end of a MoE block done by its combine (fusion.py's moe_post_norms): the sum's RMSNorm
     (weight gm), the dense FFN's output f normed (gf), and f + the normed sum into f."""
@@ -140,9 +171,10 @@ def combine_norms_dispatch(kernels: Kernels, ys, wts, y, f, D: int, K: int, T: i
                     (-(-D // 1024), T, 1), f"moe_combine_norms {D}")
 
 
-def _combine(lower, op: MoE, ys, wts, ids, add: Add | None, post: PostNorms | None) -> Dispatch:
-    """The experts' sum: into the MoE's output (with the residual add: into x), or with `post` the
-    block's post-norms and the add into f in the same dispatch."""
+def _combine(lower, op: MoE, ys, wts, ids, add: Add | None, post: PostNorms | None,
+             norm: NextNorm | None = None) -> Dispatch:
+    """The experts' sum: into the MoE's output (with the residual add: into x; with `norm` the next norm
+    of x too, rounded), or with `post` the block's post-norms and the add into f in the same dispatch."""
     m, T, D = op.spec, lower.rows, lower.be.widths[op.src]
     # gemma4: each pair's output times its expert's scale, before the router's weight
     scales = (lower.be.weights[op.scales][0], ids) if op.scales else None
@@ -151,6 +183,11 @@ def _combine(lower, op: MoE, ys, wts, ids, add: Add | None, post: PostNorms | No
         y = lower.target(post.f, post.f)
         return combine_norms_dispatch(lower.k, ys, wts, y, f, D, m.n_used, T, not m.weight_before, post, scales)
     y, resid = _output(lower, op, add)
+    if norm is not None and resid is not None:
+        z = lower.target(norm.dst, norm.src)  # after the add's target: z aliases neither x
+        d, xq = combine_q8_dispatch(lower.k, ys, wts, y, resid, z, D, m.n_used, T, not m.weight_before, norm, scales)
+        lower.q8 = (z, D, xq)  # the GEMV after it reads the rounded rows
+        return d
     return combine_dispatch(lower.k, ys, wts, y, D, m.n_used, T, weighted=not m.weight_before, resid=resid,
                             scales=scales)
 
@@ -365,10 +402,11 @@ def reads_q8(be, op: MoE) -> bool:
     return any(KM.has_gemv(be.gf.tensor(b).qtype, n_in) for b in op.banks[:-1])
 
 
-def moe_dispatches(lower, op: MoE, add: Add | None = None, post: PostNorms | None = None) -> list[Dispatch]:
+def moe_dispatches(lower, op: MoE, add: Add | None = None, post: PostNorms | None = None,
+                   norm: NextNorm | None = None) -> list[Dispatch]:
     """The MoE op for the lowering's batch of T rows (module docstring); with `add`, the plan's
-    residual add after it too (x += the MoE's output, in the combine); with `post`, gemma4's post-norms
-    and their add (moe_combine_norms)."""
+    residual add after it too (x += the MoE's output, in the combine), and with `norm` the next norm of x
+    (moe_combine_q8); with `post`, gemma4's post-norms and their add (moe_combine_norms)."""
     be, k = lower.be, lower.k
     m, T = op.spec, lower.rows
     scratch = be.__dict__.setdefault("_moe_scratch", Scratch(be.dev))
@@ -402,7 +440,7 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None, post: PostNorms | Non
     act = scratch("act", 4 * A * H)
     fused = m.fused_gate_up
     if xq is not None and _grouped(k, T, op, tensors, chunks):  # prompt batches: MUL_MAT_ID
-        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add, post)
+        return ds + _grouped_experts(lower, op, scratch, ids, wts, xq, x_div, act, tensors, chunks, add, post, norm)
     qg, qu = up[0].qtype, up[-1].qtype
     ain = act
     if KM.has_gemv(qg, n_in) and KM.has_gemv(qu, n_in) and (fused or _same_ranges(chunks[0], chunks[1])):
@@ -427,11 +465,11 @@ def moe_dispatches(lower, op: MoE, add: Add | None = None, post: PostNorms | Non
         ds.append(d)
     ys = scratch("ys", 4 * A * n_in)
     ds += expert_matmul(k, down.qtype, H, n_in, chunks[-1], ain, ys, A, ids)
-    return ds + [_combine(lower, op, ys, wts, ids, add, post)]
+    return ds + [_combine(lower, op, ys, wts, ids, add, post, norm)]
 
 
 def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, tensors, chunks,
-                     add: Add | None, post: PostNorms | None) -> list[Dispatch]:
+                     add: Add | None, post: PostNorms | None, norm: NextNorm | None = None) -> list[Dispatch]:
     """Gate||up and down of every pair as int8 GEMMs over the pairs grouped by expert, then the sum."""
     k, m, T = lower.k, op.spec, lower.rows
     n_in, H, K = lower.be.widths[op.src], m.hidden, m.n_used
@@ -457,7 +495,7 @@ def _grouped_experts(lower, op: MoE, scratch, ids, wts, xq, x_div: int, act, ten
     d, aq = KQ.quantize_dispatch(k, act, H, A, into=scratch("act_q8", 4 * A * KQ.words(H)))
     ys = scratch("ys", 4 * A * n_in)
     ds += [d] + grouped_matmul(k, tensors[-1].qtype, H, n_in, chunks[-1], aq, ys, A, groups[tile_down.BT], tile_down)
-    return ds + [_combine(lower, op, ys, wts, ids, add, post)]
+    return ds + [_combine(lower, op, ys, wts, ids, add, post, norm)]
 
 
 def sigmoid_gate(lower, op: SigmoidGate) -> list[Dispatch]:

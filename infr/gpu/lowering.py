@@ -340,6 +340,18 @@ class Lowering:
         gf = be.weights[nf.weight][0] if nf.weight else _ones(be, D)
         return KMoE.moe_dispatches(self, moe, post=KMoE.PostNorms(gm, nm.eps, nf.dst, gf, nf.eps))
 
+    def moe_residual_norm(self, moe: MoE, add: Add, norm: RMSNorm) -> list[Dispatch] | None:
+        """A moe_residual_norm group: the MoE, its combine adding into x and doing the next norm of x too,
+        written rounded for the int8 GEMV that reads it (kernels_moe.NextNorm); None where that GEMV does not
+        read it or the experts are on the host (the residual group, then the norm alone). Set ahead to the
+        ops after the norm first."""
+        be = self.be
+        D = be.widths[add.dst]
+        if moe.layer in be.host_moe or not self._feeds_gemv_q8(norm.dst, D):
+            return None
+        g = be.weights[norm.weight][0] if norm.weight else _ones(be, D)
+        return KMoE.moe_dispatches(self, moe, add, norm=KMoE.NextNorm(g, norm.eps, norm.dst, norm.src))
+
     def _feeds_gemv_q8(self, name: str, width: int, unit: int = 256) -> bool:
         """Whether the next op multiplies value `name` (width values a token) in
         the Q4_K GEMV: its producer then writes it rounded too (width % unit == 0: the norms' kernels

@@ -194,6 +194,29 @@ def test_combine_scale_rows_and_shared_gate(gpu, kernels):
     np.testing.assert_allclose(read(gpu, y, np.float32, T * D).reshape(T, D), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "weight-before"])
+@pytest.mark.parametrize("D", [256, 2304], ids=["D256", "D2304"])  # one workgroup a row, and three (1024 values each)
+def test_combine_with_the_next_norm_is_both_kernels(gpu, kernels, D, weighted):
+    """moe_combine_q8 (fusion.py's moe_residual_norm): the stream row, the next norm's output and its rounded
+    rows, bit for bit the combine with the residual add, then rmsnorm_q8, one after the other."""
+    rng = np.random.default_rng([D, weighted])
+    T, k = 3, 8
+    ys = storage(gpu, rng.standard_normal((T * k, D)).astype(np.float32))
+    w = storage(gpu, rng.uniform(0, 1, T * k).astype(np.float32))
+    resid = storage(gpu, rng.standard_normal((T, D)).astype(np.float32) * 4)
+    g = storage(gpu, rng.standard_normal(D).astype(np.float32))
+    y1, z1, y2, z2 = (storage(gpu, np.full((T, D), np.nan, np.float32)) for _ in range(4))
+    d, xq = KMoE.combine_q8_dispatch(kernels, ys, w, y1, resid, z1, D, k, T, weighted, KMoE.NextNorm(g, 1e-6, "h", "x"))
+    run(gpu, [d])
+    fused = [read(gpu, b, np.float32, T * D) for b in (y1, z1)] + [read(gpu, xq, np.uint32, T * KQ.words(D))]
+    n, xq2 = KQ.rmsnorm_q8_dispatch(kernels, y2, g, z2, D, 1e-6, T)
+    run(gpu, [KMoE.combine_dispatch(kernels, ys, w, y2, D, k, T, weighted, resid=resid), n])
+    apart = [read(gpu, b, np.float32, T * D) for b in (y2, z2)] + [read(gpu, xq2, np.uint32, T * KQ.words(D))]
+    assert not np.isnan(fused[1]).any()
+    for a, b in zip(fused, apart):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 # --- end to end
 
 @pytest.fixture(scope="module")
