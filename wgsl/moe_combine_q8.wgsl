@@ -31,6 +31,7 @@ const WG: u32 = 256u;
 
 // #include moe_pair_sum
 // #include q8_common
+// #include rms_tree
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -53,15 +54,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let v = row4(t, 4u * w);
         s4 += v * v;
     }
-    partial[tid] = (s4.x + s4.y) + (s4.z + s4.w);
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            partial[tid] += partial[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(partial[0] / f32(params.D) + params.eps);
+    let inv = rms_tree((s4.x + s4.y) + (s4.z + s4.w), tid, params.D, params.eps);
     let i = 4u * (wid.x * WG + tid);
     let live = i < params.D;
     var o = vec4<f32>(0.0);

@@ -3,6 +3,8 @@
 // params.group, params.eps, a workgroup array `partial` of WG floats and WG a power of two.
 // Uniform control flow (barriers).
 
+// #include rms_tree
+
 fn row_inv(base: u32, tid: u32) -> f32 {
     // Four independent loads per step: a plain strided loop waits on each load in turn.
     var s4 = vec4<f32>(0.0);
@@ -15,15 +17,5 @@ fn row_inv(base: u32, tid: u32) -> f32 {
         let v = x[base + i];
         s4.x += v * v;
     }
-    let s = (s4.x + s4.y) + (s4.z + s4.w);
-    partial[tid] = s;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            partial[tid] += partial[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    // Same expression shape as the reference: x * (1 / sqrt(ms + eps)) * g.
-    return 1.0 / sqrt(partial[0] / f32(params.group) + params.eps);
+    return rms_tree((s4.x + s4.y) + (s4.z + s4.w), tid, params.group, params.eps);
 }

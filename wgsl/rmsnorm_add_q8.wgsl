@@ -38,16 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let v = stream4(base, 4u * k, inv);
             s4 += v * v;
         }
-        workgroupBarrier();  // every invocation has read row_inv's partial[0]
-        partial[tid] = (s4.x + s4.y) + (s4.z + s4.w);
-        workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (tid < stride) {
-                partial[tid] += partial[tid + stride];
-            }
-            workgroupBarrier();
-        }
-        inv2 = 1.0 / sqrt(partial[0] / f32(params.width) + params.eps2);
+        inv2 = rms_tree((s4.x + s4.y) + (s4.z + s4.w), tid, params.width, params.eps2);  // after row_inv's reads
     }
     let i = 4u * (wid.x * WG + tid);  // this invocation's 4 values
     let live = i < params.width;

@@ -26,6 +26,7 @@ const WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 
 // #include q8_common
+// #include rms_tree
 {{TWIN}}
 
 var<workgroup> partial: array<f32, WG>;
@@ -42,16 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let v = vec4<f32>(x[base + 4u * w], x[base + 4u * w + 1u], x[base + 4u * w + 2u], x[base + 4u * w + 3u]);
         s4 += v * v;
     }
-    partial[tid] = (s4.x + s4.y) + (s4.z + s4.w);
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (tid < stride) {
-            partial[tid] += partial[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    // Same expression shape as the reference: x * (1 / sqrt(ms + eps)) * g.
-    let inv = 1.0 / sqrt(partial[0] / f32(params.width) + params.eps);
+    let inv = rms_tree((s4.x + s4.y) + (s4.z + s4.w), tid, params.width, params.eps);
     let i = 4u * (wid.x * WG + tid);  // this invocation's 4 values
     let live = i < params.width;
     var o = vec4<f32>(0.0);

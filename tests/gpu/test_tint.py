@@ -285,13 +285,13 @@ def test_mma_mixed_stack_kernels_pass_tint(gpu, tint):  # noqa: F811
 
 def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
     """The MoE kernels: the router, the grouping of prompt batches, the rows around the experts, the
-    shared expert's gate, the expert-indexed GEMV (plain and gate||up) and f32 matmul of every type,
-    and the grouped int8 GEMM (plain and gate||up) of every reader on each default tile, and its
+    shared expert's gate, the combine with the next norm (moe_combine_q8), the expert-indexed GEMV (plain and
+    gate||up) and f32 matmul of every type, and the grouped int8 GEMM (plain and gate||up) of every reader on each default tile, and its
     gate||up with the table GELU (gemma4) on the first."""
     asked: set = set()
     rec = _Recorder(gpu, asked)
     for name, entry in (("moe_route", "main"), ("moe_combine", "combine"), ("moe_combine", "scale_rows"),
-                        ("moe_gate", "main"), ("moe_group", "main")):
+                        ("moe_combine_q8", "main"), ("moe_gate", "main"), ("moe_group", "main")):
         rec.pipeline(name, entry)
     for q in KM.GPU_TYPES:
         if q in KM.GEMV_FAMILY:
@@ -304,7 +304,7 @@ def test_moe_kernels_pass_tint(gpu, tint):  # noqa: F811
             KMQ.mmq_pipeline(rec, q, tile, expert=True)
             KMQ.mmq_pipeline(rec, q, tile, pair_act="silu", expert=True)
         KMQ.mmq_pipeline(rec, q, KMQ.TILES[0], pair_act="gelu_f16", expert=True)  # gemma4's pair: table at 11
-    assert len(asked) == (5 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
+    assert len(asked) == (6 + 2 * len(KM.GEMV_FAMILY) + len(KM.GPU_TYPES - set(KM.GEMV_FAMILY))
                           + 2 * len(KMQ.READERS) * len(KMQ.TILES) + len(KMQ.READERS))
     errors = _tint_errors(tint, asked)
     assert not errors, errors
