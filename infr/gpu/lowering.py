@@ -32,6 +32,7 @@ from infr.gpu import kernels_moe as KMoE
 from infr.gpu import kernels_norm_in as KN
 from infr.gpu import kernels_q8 as KQ
 from infr.gpu import kernels_qkv_rope as KQR
+from infr.gpu import tuning as TU
 from infr.gpu.runtime import Dispatch
 from infr.models.spec import RopeSpec, RopeStyle
 from infr.ops import (Add, Attention, DeltaNet, Embed, GatedAct, HeadSlice, MatMul, MoE, Mul, PerLayerInputs, PLEGate,
@@ -343,11 +344,11 @@ class Lowering:
     def moe_residual_norm(self, moe: MoE, add: Add, norm: RMSNorm) -> list[Dispatch] | None:
         """A moe_residual_norm group: the MoE, its combine adding into x and doing the next norm of x too,
         written rounded for the int8 GEMV that reads it (kernels_moe.NextNorm); None where that GEMV does not
-        read it or the experts are on the host (the residual group, then the norm alone). Set ahead to the
-        ops after the norm first."""
+        read it, the experts are on the host or the tuning says not (INFR_MOE_COMBINE_NORM=0): the residual
+        group, then the norm alone. Set ahead to the ops after the norm first."""
         be = self.be
         D = be.widths[add.dst]
-        if moe.layer in be.host_moe or not self._feeds_gemv_q8(norm.dst, D):
+        if not TU.current().moe_combine_norm or moe.layer in be.host_moe or not self._feeds_gemv_q8(norm.dst, D):
             return None
         g = be.weights[norm.weight][0] if norm.weight else _ones(be, D)
         return KMoE.moe_dispatches(self, moe, add, norm=KMoE.NextNorm(g, norm.eps, norm.dst, norm.src))

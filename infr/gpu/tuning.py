@@ -101,6 +101,10 @@ class Tuning:
     # memory again). On an H100 (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt)
     # 8111.7 / 8281.8 t/s against 8047.7 / 8171.3.
     gemm_tokens_first: int = -1
+    # 1: a MoE's combine also does the next norm of the stream, rounded (fusion.py's moe_residual_norm,
+    # moe_combine_q8.wgsl: one dispatch fewer a layer, the same bits); 0 (INFR_MOE_COMBINE_NORM=0): the combine,
+    # then the norm's own dispatch. Not yet timed on a GPU.
+    moe_combine_norm: int = 1
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
@@ -113,11 +117,14 @@ class Tuning:
         first = env.get("INFR_GEMM_TOKENS_FIRST") or "-1"
         if first not in ("-1", "0", "1"):
             raise ValueError(f"INFR_GEMM_TOKENS_FIRST must be 0 or 1, got {first!r}")
+        moe_norm = env.get("INFR_MOE_COMBINE_NORM") or "1"
+        if moe_norm not in ("0", "1"):
+            raise ValueError(f"INFR_MOE_COMBINE_NORM must be 0 or 1, got {moe_norm!r}")
         return cls(
             gemv=_gemv(env), mmq=_mmq(env), mma=_mma(env), attention=AttentionTuning.from_env(env),
             gemm_min_t=(int(gemm) if int(gemm) > 0 else 1 << 30) if gemm else None,
             deltanet_chunk_rows=(int(chunk) if int(chunk) > 0 else 1 << 30) if chunk else None,
-            submit_parts=parts, submit_min_t=part_t, gemm_tokens_first=int(first),
+            submit_parts=parts, submit_min_t=part_t, gemm_tokens_first=int(first), moe_combine_norm=int(moe_norm),
         )
 
 

@@ -220,6 +220,18 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
     assert normed <= spec.n_layers + 1 - fused, labels
     prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
     assert_gpu_follows_cpu(g, c, prompt, 6)
+    # INFR_MOE_COMBINE_NORM=0: the combine, then the norm's own dispatch; the same logits, bit for bit
+    from infr.gpu import tuning
+
+    with tuning.override(moe_combine_norm=0):
+        apart = GPUBackend(gf, plan, 128, dev=gpu)
+        split = [d.label.split()[0] for d in apart._multi_step(1, False).dispatches]
+        assert split.count("moe_combine") == spec.n_layers and "moe_combine_q8" not in split, split
+        # here the next layers' q|k|v GEMVs norm their rows themselves instead (kernels_norm_in): as many dispatches
+        assert sum(lb.endswith("_norm") for lb in split) == normed + fused and len(split) == len(labels), split
+        want = apart.forward(prompt[:9], 0)
+    np.testing.assert_array_equal(np.asarray(GPUBackend(gf, plan, 128, dev=gpu).forward(prompt[:9], 0)).view(np.uint32),
+                                  np.asarray(want).view(np.uint32))
 
 
 @pytest.mark.parametrize("width,w_width", [(640, 0), (1536, 1), (1152, 1152), (100, 1)])
