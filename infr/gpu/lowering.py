@@ -344,11 +344,14 @@ class Lowering:
     def moe_residual_norm(self, moe: MoE, add: Add, norm: RMSNorm) -> list[Dispatch] | None:
         """A moe_residual_norm group: the MoE, its combine adding into x and doing the next norm of x too,
         written rounded for the int8 GEMV that reads it (kernels_moe.NextNorm); None where that GEMV does not
-        read it, the experts are on the host or the tuning says not (INFR_MOE_COMBINE_NORM=0): the residual
-        group, then the norm alone. Set ahead to the ops after the norm first."""
+        read it, the experts are on the host, the batch is a prompt's (each of a row's workgroups would read
+        every pair's row again for its sum: the dispatch saved is worth that in decode steps) or the tuning says
+        not (INFR_MOE_COMBINE_NORM=0): the residual group, then the norm alone. Set ahead to the ops after
+        the norm first."""
         be = self.be
         D = be.widths[add.dst]
-        if not TU.current().moe_combine_norm or moe.layer in be.host_moe or not self._feeds_gemv_q8(norm.dst, D):
+        if (not TU.current().moe_combine_norm or moe.layer in be.host_moe or KMQ.use_mmq(self.rows, be.dev)
+                or not self._feeds_gemv_q8(norm.dst, D)):
             return None
         g = be.weights[norm.weight][0] if norm.weight else _ones(be, D)
         return KMoE.moe_dispatches(self, moe, add, norm=KMoE.NextNorm(g, norm.eps, norm.dst, norm.src))

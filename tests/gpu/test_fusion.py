@@ -220,6 +220,10 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
     assert normed <= spec.n_layers + 1 - fused, labels
     prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
     assert_gpu_follows_cpu(g, c, prompt, 6)
+    # a prompt batch (grouped experts) keeps the combine and the norm apart: each of a row's workgroups would
+    # read every pair's row again
+    prompt_labels = [d.label.split()[0] for d in g._graph(64, 1)[0].dispatches]
+    assert "moe_combine_q8" not in prompt_labels and prompt_labels.count("moe_combine") == spec.n_layers, prompt_labels
     # INFR_MOE_COMBINE_NORM=0: the combine, then the norm's own dispatch; the same logits, bit for bit
     from infr.gpu import tuning
 
