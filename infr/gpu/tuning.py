@@ -101,10 +101,12 @@ class Tuning:
     # memory again). On an H100 (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt)
     # 8111.7 / 8281.8 t/s against 8047.7 / 8171.3.
     gemm_tokens_first: int = -1
-    # 1: a MoE's combine also does the next norm of the stream, rounded (fusion.py's moe_residual_norm,
-    # moe_combine_q8.wgsl: one dispatch fewer a layer, the same bits); 0 (INFR_MOE_COMBINE_NORM=0): the combine,
-    # then the norm's own dispatch. Not yet timed on a GPU.
-    moe_combine_norm: int = 1
+    # 1 (INFR_MOE_COMBINE_NORM=1): a MoE's combine also does the next norm of the stream, rounded (fusion.py's
+    # moe_residual_norm, moe_combine_q8.wgsl; the same bits); 0 (default): the combine, then the norm in the next
+    # q|k|v GEMV's prologue (kernels_norm_in) where it applies, so no dispatch is saved there, and the fused form
+    # sums a token's whole row in one workgroup: Qwen3-30B-A3B tg128 on an H100 (Dawn, best of 3, alternated;
+    # perf/h200/s42-2026-12-07-h100.txt) 214.7 / 219.1 t/s with it against 228.8 / 228.7 without.
+    moe_combine_norm: int = 0
 
     @classmethod
     def from_env(cls, env=None) -> Tuning:
@@ -117,7 +119,7 @@ class Tuning:
         first = env.get("INFR_GEMM_TOKENS_FIRST") or "-1"
         if first not in ("-1", "0", "1"):
             raise ValueError(f"INFR_GEMM_TOKENS_FIRST must be 0 or 1, got {first!r}")
-        moe_norm = env.get("INFR_MOE_COMBINE_NORM") or "1"
+        moe_norm = env.get("INFR_MOE_COMBINE_NORM") or "0"
         if moe_norm not in ("0", "1"):
             raise ValueError(f"INFR_MOE_COMBINE_NORM must be 0 or 1, got {moe_norm!r}")
         return cls(

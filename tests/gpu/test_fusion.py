@@ -206,36 +206,44 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
     kinds = [g.kind for g in plan.groups]
     # attention's o and the last MoE; the other MoEs with the next layer's input norm (moe_residual_norm)
     assert kinds.count("residual") == spec.n_layers + 1 and kinds.count("moe_residual_norm") == spec.n_layers - 1
-    g, c = GPUBackend(gf, plan, 128, dev=gpu), CPUBackend(gf, plan, 128)
-    full = [d.label for d in g._multi_step(1, False).dispatches]
-    labels = [lb.split()[0] for lb in full]
-    assert labels.count("moe_combine") == 1 and labels.count("moe_combine_q8") == spec.n_layers - 1, labels
-    assert "add" not in labels, labels
-    assert not any(lb.startswith("quantize_q8") for lb in full), full
-    assert labels.count("gemv_q8_0_expert_gate_up_q8") == spec.n_layers, labels
-    # attention, FFN, and the head's norms, less those run inside the GEMV after them (kernels_norm_in;
-    # never the FFN's here: the router reads it as floats) and the attention norms after a MoE's combine
-    normed, fused = sum(lb.endswith("_norm") for lb in labels), spec.n_layers - 1
-    assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1 - normed - fused, labels
-    assert normed <= spec.n_layers + 1 - fused, labels
-    prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
-    assert_gpu_follows_cpu(g, c, prompt, 6)
-    # a prompt batch (grouped experts) keeps the combine and the norm apart: each of a row's workgroups would
-    # read every pair's row again
-    prompt_labels = [d.label.split()[0] for d in g._graph(64, 1)[0].dispatches]
-    assert "moe_combine_q8" not in prompt_labels and prompt_labels.count("moe_combine") == spec.n_layers, prompt_labels
-    # INFR_MOE_COMBINE_NORM=0: the combine, then the norm's own dispatch; the same logits, bit for bit
     from infr.gpu import tuning
 
-    with tuning.override(moe_combine_norm=0):
-        apart = GPUBackend(gf, plan, 128, dev=gpu)
-        split = [d.label.split()[0] for d in apart._multi_step(1, False).dispatches]
-        assert split.count("moe_combine") == spec.n_layers and "moe_combine_q8" not in split, split
-        # here the next layers' q|k|v GEMVs norm their rows themselves instead (kernels_norm_in): as many dispatches
-        assert sum(lb.endswith("_norm") for lb in split) == normed + fused and len(split) == len(labels), split
-        want = apart.forward(prompt[:9], 0)
-    np.testing.assert_array_equal(np.asarray(GPUBackend(gf, plan, 128, dev=gpu).forward(prompt[:9], 0)).view(np.uint32),
-                                  np.asarray(want).view(np.uint32))
+    c = CPUBackend(gf, plan, 128)
+    # INFR_MOE_COMBINE_NORM=1: the combine also writes the next norm's rounded rows
+    with tuning.override(moe_combine_norm=1):
+        g = GPUBackend(gf, plan, 128, dev=gpu)
+        full = [d.label for d in g._multi_step(1, False).dispatches]
+        labels = [lb.split()[0] for lb in full]
+        assert labels.count("moe_combine") == 1 and labels.count("moe_combine_q8") == spec.n_layers - 1, labels
+        assert "add" not in labels, labels
+        assert not any(lb.startswith("quantize_q8") for lb in full), full
+        assert labels.count("gemv_q8_0_expert_gate_up_q8") == spec.n_layers, labels
+        gate_up_labels = labels
+        # attention, FFN, and the head's norms, less those run inside the GEMV after them (kernels_norm_in;
+        # never the FFN's here: the router reads it as floats) and the attention norms after a MoE's combine
+        normed, fused = sum(lb.endswith("_norm") for lb in labels), spec.n_layers - 1
+        assert labels.count("rmsnorm_q8") == 2 * spec.n_layers + 1 - normed - fused, labels
+        assert normed <= spec.n_layers + 1 - fused, labels
+        prompt = np.random.default_rng(3).integers(0, spec.n_vocab, 40).tolist()
+        assert_gpu_follows_cpu(g, c, prompt, 6)
+        # a prompt batch (grouped experts) keeps the combine and the norm apart: each of a row's workgroups
+        # would read every pair's row again
+        prompt_labels = [d.label.split()[0] for d in g._graph(64, 1)[0].dispatches]
+        assert "moe_combine_q8" not in prompt_labels and prompt_labels.count("moe_combine") == spec.n_layers, prompt_labels
+        fused_logits = _prompt_then_steps(g, prompt)
+    # the default: the combine, then the norm's own dispatch; the same logits, bit for bit
+    apart = GPUBackend(gf, plan, 128, dev=gpu)
+    split = [d.label.split()[0] for d in apart._multi_step(1, False).dispatches]
+    assert split.count("moe_combine") == spec.n_layers and "moe_combine_q8" not in split, split
+    # here the next layers' q|k|v GEMVs norm their rows themselves instead (kernels_norm_in): as many dispatches
+    assert sum(lb.endswith("_norm") for lb in split) == normed + fused and len(split) == len(gate_up_labels), split
+    for a, b in zip(_prompt_then_steps(apart, prompt), fused_logits):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def _prompt_then_steps(be, prompt: list[int]) -> list:
+    """Logits of a 9-token prompt, then of three decode steps (where the MoE combine takes the next norm)."""
+    return [be.forward(prompt[:9], 0)] + [be.forward([t], 9 + i) for i, t in enumerate(prompt[9:12])]
 
 
 @pytest.mark.parametrize("width,w_width", [(640, 0), (1536, 1), (1152, 1152), (100, 1)])
