@@ -6,8 +6,8 @@
 
 Shapes (N x K): q/o 4096x4096, gate||up 14336x4096 (the fused pair: two
 matrices, act(gate) * up), down 4096x14336 (with the fused residual add) and
-q|k|v 6144x4096 (4096 + 1024 + 1024 rows stacked, one dispatch); --shapes
-picks some (qo,gateup,down,qkv). --scale s divides N and K by s (K kept
+q|k|v 6144x4096 (4096 + 1024 + 1024 rows stacked, one dispatch), and k/v 1024x4096 (one alone: a
+Q6_K v beside Q4_K q and k); --shapes picks some (qo,gateup,down,qkv,kv; default all but kv). --scale s divides N and K by s (K kept
 whole 256-value groups). Every (type, tile, shape) is timed: the kernel
 reads random rounded activations (no quantize dispatch) and random valid
 blocks, built once per type and shape; each measurement encodes --reps
@@ -55,6 +55,7 @@ SHAPES = [  # (key, label, N, K, kind, stacked row counts)
     ("gateup", "8B gate+up", 14336, 4096, "pair", None),
     ("down", "8B down", 4096, 14336, "resid", None),
     ("qkv", "8B qkv", 6144, 4096, "stacked", (4096, 1024, 1024)),
+    ("kv", "8B k/v", 1024, 4096, "plain", None),  # k or v alone: where v's type differs from q's (the Q4_K_M mix)
 ]
 
 # The tiles a full H200 sweep tries (each fits 48 KB of workgroup memory): 256 invocations with
@@ -160,7 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K", help='comma list of weight types, or "all" (every mmq reader)')
     ap.add_argument("--sweep", default="auto", help='"auto", "default" (SWEEP) or "BN,BT,RM,RT[,SUB[,PREFETCH[,UNCHECKED]]] ..."')
-    ap.add_argument("--shapes", default="qo,gateup,down,qkv", help="which 8B shapes (qo, gateup, down, qkv)")
+    ap.add_argument("--shapes", default="qo,gateup,down,qkv", help="which 8B shapes (qo, gateup, down, qkv, kv)")
     ap.add_argument("--T", type=int, default=512, help="tokens per batch")
     ap.add_argument("--scale", type=int, default=1, help="divide N and K by this (a small run on lavapipe)")
     ap.add_argument("--reps", type=int, default=0, help="products per timed pass (default 10; 2 when scaled)")

@@ -17,8 +17,10 @@ Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
 everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
-tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); DIRECT_TILE
-(WC 3) comes first for DIRECT_TYPES unless INFR_MMA_DIRECT=0, then WC_TILE, 128 x 128 copying both by vec4
+tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); a WC 3 tile
+(direct_tile: DIRECT_TILE, Q6_K's DIRECT_Q6_TILE, with INFR_MMA_DIRECT_FEW=1 DIRECT_FEW_TILE for few
+workgroups) comes first for
+DIRECT_TYPES unless INFR_MMA_DIRECT=0, then WC_TILE, 128 x 128 copying both by vec4
 words, unless INFR_MMA_WC=0. Grouped expert products take EXPERT_DIRECT_TILE unless INFR_MMA_EXPERTS=0.
 """
 
@@ -154,6 +156,18 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # token tiles first (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt) 8245.0 / 8512.6 t/s
 # against 8111.7 / 8281.8 with WC_TILE.
 DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
+# The direct tile by type and grid (direct_tile). Q6_K's units convert better on 64 rows x 128 tokens (2 x 4 subgroups of
+# 2 x 2 matrices), and where DIRECT_TILE gives fewer than DIRECT_FEW_GROUPS workgroups (the 8B's k or v alone, 1024
+# rows where a Q6_K v keeps them apart: 32 at T = 512) 128 x 64 with 2 x 2 subgroups. On an H100 (perf/mmq_bench.py
+# --flavor dawn --shapes qo,down,kv,gateup --mma ..., T = 512; perf/h200/mma-direct-sweep-2026-12-07-s42-h100.json),
+# TOPS for q/o, gate+up, down, k/v: Q6_K on DIRECT_Q6_TILE 93.8 / 101 / 94.1 / 40.6 against DIRECT_TILE's 67.8 / 85 /
+# 81.3 / 18.5; Q4_K's k/v on DIRECT_FEW_TILE 44.7 against 32.7 (DIRECT_TILE stays Q4_K's best on the rest: 106 / 172
+# / 155 against 60-95 for the others). DIRECT_Q6_TILE's products were checked on an H100 in stop 41
+# (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles); DIRECT_FEW_TILE's not yet,
+# so it waits behind INFR_MMA_DIRECT_FEW=1. Neither is timed end to end yet.
+DIRECT_Q6_TILE = MmaTile(64, 128, 2, 2, 4, 8, 2, 3)
+DIRECT_FEW_TILE = MmaTile(128, 64, 2, 2, 2, 8, 2, 3)
+DIRECT_FEW_GROUPS = 64
 # Grouped expert products (MUL_MAT_ID) on WC 3 tiles: gathered rows need no f16 copies. On an H100 (perf/moe_grouped_time.py
 # --flavor dawn --model qwen3-30b-a3b --T 512: 32 pairs an expert) 128 x 64 ran gate||up in 0.527 ms and down in 0.422
 # against the int8 GEMM's 0.949 / 0.608 and the converting 64 x 32's 0.999 / 0.668; 128 x 32 0.685 / 0.622.
@@ -217,7 +231,10 @@ class MmaTuning:
     # a Q4_K_M layer's mixed q|k|v (a Q6_K v) as one product on a WC tile (kernels_mmq.mixed_tile;
     # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
     mixed: bool = False
-    direct: bool = True  # DIRECT_TILE first for DIRECT_TYPES (INFR_MMA_DIRECT=0: not)
+    direct: bool = True  # direct_tile's first for DIRECT_TYPES (INFR_MMA_DIRECT=0: not)
+    # DIRECT_FEW_TILE where DIRECT_TILE gives few workgroups (INFR_MMA_DIRECT_FEW=1): faster in perf/mmq_bench.py, but
+    # its products (128 rows over 4 subgroups) have not yet been checked on a GPU with these tensor cores
+    direct_few: bool = False
     lead: tuple[MmaTile, ...] = ()  # tiles taken first wherever they apply (for_experts: EXPERT_DIRECT_TILE)
 
     @classmethod
@@ -246,6 +263,8 @@ class MmaTuning:
             t = replace(t, mixed=env["INFR_MMA_MIXED"] == "1")
         if env.get("INFR_MMA_DIRECT") in ("0", "1"):
             t = replace(t, direct=env["INFR_MMA_DIRECT"] == "1")
+        if env.get("INFR_MMA_DIRECT_FEW") in ("0", "1"):
+            t = replace(t, direct_few=env["INFR_MMA_DIRECT_FEW"] == "1")
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
@@ -259,13 +278,14 @@ class MmaTuning:
         where its f16 weight rows (w16_bytes) fit one binding. Tiles copying f16 rows only where the device
         allows COPY_BUFFERS storage buffers a stage. KP tiles (decode steps' few rows) only
         up to KP_MAX_T tokens. With K (rows of K values), only tiles whose stages divide it. WC 3 tiles only for
-        a `qtype` (WGSL name) of DIRECT_TYPES: with `direct`, DIRECT_TILE first, from wc_min_t tokens."""
+        a `qtype` (WGSL name) of DIRECT_TYPES: with `direct`, direct_tile's first, from wc_min_t tokens."""
         limits = getattr(dev, "limits", None) or {}
         binding = min(self.wc_max_bytes, int(limits.get("max-storage-buffer-binding-size", 1 << 27)))
         copies_fit = int(limits.get("max-storage-buffers-per-shader-stage", 8)) >= COPY_BUFFERS
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
-        big = ((DIRECT_TILE,) if self.direct else ()) + ((WC_TILE,) if self.wc else ())
+        direct = self.direct and qtype in DIRECT_TYPES
+        big = ((direct_tile(qtype, n_out, T, pair, self.direct_few),) if direct else ()) + ((WC_TILE,) if self.wc else ())
         first = self.lead + big
         for n, tile in enumerate(first + tiles):
             rows16 = tile.WC in (1, 2)  # reads f16 weight rows a pass writes (one binding)
@@ -341,6 +361,17 @@ def without_copies(tiles) -> tuple[MmaTile, ...]:
     """The tiles as expert products take them: without f16 row copies (their tiles gather rows from a bank; WC 3
     tiles copy none)."""
     return tuple(dict.fromkeys(replace(x, XC=0, WC=x.WC if x.WC == 3 else 0) for x in tiles))
+
+
+def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: bool = True) -> MmaTile:
+    """The WC 3 tile for n_out rows x T tokens of `qtype` (WGSL name): DIRECT_Q6_TILE for Q6_K, else DIRECT_TILE,
+    or (`few`: MmaTuning.direct_few) DIRECT_FEW_TILE where DIRECT_TILE would give fewer than DIRECT_FEW_GROUPS
+    workgroups."""
+    if qtype == "q6_k":
+        return DIRECT_Q6_TILE
+    t = DIRECT_TILE
+    groups = -(-n_out // (t.BN // 2 if pair else t.BN)) * -(-T // t.BT)
+    return DIRECT_FEW_TILE if few and groups < DIRECT_FEW_GROUPS else t
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,

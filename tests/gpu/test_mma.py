@@ -103,8 +103,9 @@ def test_units_converted_directly(mma, kernels, qtype, xc):
     """WC 3 tiles (kernels_mma.DIRECT_TILE's kind): each invocation's fetched units turned straight into
     f16 values of the weight tile, no int8 lanes staged and no dequantizing pass: the same bits as the
     tiles converting staged lanes (the same f16 values, multiplied in the same order), and DIRECT_TILE
-    within the bound."""
-    _three_products(mma, kernels, qtype, (KMA.DIRECT_TILE,) * 3)
+    within the bound (and direct_tile's other two)."""
+    for tile in (KMA.DIRECT_TILE, KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE):  # direct_tile's, each within the bound
+        _three_products(mma, kernels, qtype, (tile,) * 3)
     got = _three_products(mma, kernels, qtype, tuple(replace(t, XC=xc, WC=3) for t in COPIED))
     want = _three_products(mma, kernels, qtype, COPIED)
     for g, w in zip(got, want):
@@ -484,7 +485,18 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     direct = KMA.MmaTuning.from_env({})
     assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
     assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
-        KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]
+        KMA.DIRECT_TILE, KMA.DIRECT_Q6_TILE, KMA.WC_TILE]
+    # direct_tile: Q6_K's own shape; DIRECT_FEW_TILE where DIRECT_TILE gives under DIRECT_FEW_GROUPS workgroups (the
+    # 8B's k or v alone at T = 512: 8 x 4), a pair's groups counted by its half tiles
+    assert all(t.WC == 3 and t.fits(Dev(), pair=True) for t in (KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE))
+    few = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT_FEW": "1"})
+    assert not direct.direct_few and few.direct_few  # opt-in until a GPU checks its products
+    assert direct.tile_for(Dev(), 1024, 512, qtype="q4_k") == KMA.DIRECT_TILE
+    assert [few.tile_for(Dev(), n, 512, qtype="q4_k") for n in (1024, 2048)] == [KMA.DIRECT_FEW_TILE, KMA.DIRECT_TILE]
+    assert few.tile_for(Dev(), 1024, 512, qtype="q6_k") == KMA.DIRECT_Q6_TILE
+    assert few.tile_for(Dev(), 1024, 512, pair=True, qtype="q8_0") == KMA.DIRECT_TILE  # 16 x 4
+    assert KMA.direct_tile("q5_0", 1024, 256) == KMA.DIRECT_FEW_TILE
+    assert KMA.direct_tile("q5_0", 1024, 256, few=False) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
     assert KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "0"}).tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE

@@ -223,7 +223,8 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
-    for tile in (KMA.DIRECT_TILE, KMA.MmaTile(64, 128, 2, 2, 4, 8, 0, 3)):  # units turned into f16 directly (WC 3)
+    for tile in (KMA.DIRECT_TILE, KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE,  # units turned into f16 directly (WC 3)
+                 KMA.MmaTile(64, 128, 2, 2, 4, 8, 0, 3)):
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, split=True)
