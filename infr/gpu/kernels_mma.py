@@ -129,7 +129,7 @@ class MmaTile:
 # Batched decode steps (T = 16 .. 64 rows: many streams) took the 128-token tile too, so a 32-row
 # step did the products of 128 tokens: the 8B served 32 streams at 44 ms a step on an H100
 # (perf/h200/serve-8b-dawn-2026-12-06-h100.json). Tiles of 64 and 32 tokens follow; tile_for takes
-# the one padding T least. WC_TILE (first after DIRECT_TILE; INFR_MMA_WC=0 leaves it out): from 256 tokens (wc_min_t), 128 x 128
+# the one padding T least. WC_TILE (first after direct_tile's; INFR_MMA_WC=0 leaves it out): from 256 tokens (wc_min_t), 128 x 128
 # with 2 x 4 subgroups of 4 x 2 matrices, its weight tile copied from f16 rows that mma_dequant.wgsl writes
 # once per product. On an H100 (perf/mmq_bench.py, T = 512, the 8B's Q4_K gate+up / down, the pre-pass
 # included) 82.7 / 80.1 TOPS against 76.3 / 67.4 for 64 x 128; 8B pp512 4937.2 against 4644.6 t/s,
@@ -152,7 +152,8 @@ WC_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 2)
 # weights (the readers' Raw, a stage ahead) straight into f16 values in the tile (mma_direct_TYPE.wgsl),
 # with no int8 lanes staged (which made a 128-row tile too big for 48 KiB). Each token tile converts its
 # weight tile again, where WC_TILE reads f16 rows written once per product (and streamed from memory
-# again per token tile). For the types with a unit_f16 (DIRECT_TYPES; INFR_MMA_DIRECT=0: WC_TILE). On an H100 with
+# again per token tile). For the types with a unit_f16 (DIRECT_TYPES; INFR_MMA_DIRECT=0: WC_TILE), but as
+# direct_tile picks (Q6_K's plain products take DIRECT_Q6_TILE). On an H100 with
 # token tiles first (8B pp512, best of 4, runs alternated; perf/h200/s41-2026-12-07-h100.txt) 8245.0 / 8512.6 t/s
 # against 8111.7 / 8281.8 with WC_TILE.
 DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
@@ -162,9 +163,10 @@ DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # --flavor dawn --shapes qo,down,kv,gateup --mma ..., T = 512; perf/h200/mma-direct-sweep-2026-12-07-s42-h100.json),
 # TOPS for q/o, gate+up, down, k/v: Q6_K on DIRECT_Q6_TILE 93.8 / 101 / 94.1 / 40.6 against DIRECT_TILE's 67.8 / 85 /
 # 81.3 / 18.5; Q4_K's k/v on DIRECT_FEW_TILE 44.7 against 32.7 (DIRECT_TILE stays Q4_K's best on the rest: 106 / 172
-# / 155 against 60-95 for the others). DIRECT_Q6_TILE's products were checked on an H100 in stop 41
-# (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles); DIRECT_FEW_TILE's not yet,
-# so it waits behind INFR_MMA_DIRECT_FEW=1. Neither is timed end to end yet.
+# / 155 against 53-113 for the others). DIRECT_Q6_TILE's plain products were checked on an H100 in stop 41
+# (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles), its gate||up pair not:
+# a Q6_K pair keeps DIRECT_TILE until a GPU runs test_direct_tiles. DIRECT_FEW_TILE's products have not run on a GPU
+# either, so it waits behind INFR_MMA_DIRECT_FEW=1. Neither is timed end to end yet.
 DIRECT_Q6_TILE = MmaTile(64, 128, 2, 2, 4, 8, 2, 3)
 DIRECT_FEW_TILE = MmaTile(128, 64, 2, 2, 2, 8, 2, 3)
 DIRECT_FEW_GROUPS = 64
@@ -363,11 +365,11 @@ def without_copies(tiles) -> tuple[MmaTile, ...]:
     return tuple(dict.fromkeys(replace(x, XC=0, WC=x.WC if x.WC == 3 else 0) for x in tiles))
 
 
-def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: bool = True) -> MmaTile:
-    """The WC 3 tile for n_out rows x T tokens of `qtype` (WGSL name): DIRECT_Q6_TILE for Q6_K, else DIRECT_TILE,
-    or (`few`: MmaTuning.direct_few) DIRECT_FEW_TILE where DIRECT_TILE would give fewer than DIRECT_FEW_GROUPS
-    workgroups."""
-    if qtype == "q6_k":
+def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: bool = False) -> MmaTile:
+    """The WC 3 tile for n_out rows x T tokens of `qtype` (a WGSL name of DIRECT_TYPES): DIRECT_Q6_TILE for a Q6_K
+    product (not a pair), else DIRECT_TILE, or (`few`: MmaTuning.direct_few) DIRECT_FEW_TILE where DIRECT_TILE would
+    give fewer than DIRECT_FEW_GROUPS workgroups."""
+    if qtype == "q6_k" and not pair:
         return DIRECT_Q6_TILE
     t = DIRECT_TILE
     groups = -(-n_out // (t.BN // 2 if pair else t.BN)) * -(-T // t.BT)

@@ -102,10 +102,11 @@ class Tuning:
     # 8111.7 / 8281.8 t/s against 8047.7 / 8171.3.
     gemm_tokens_first: int = -1
     # 1 (INFR_MOE_COMBINE_NORM=1): a MoE's combine also does the next norm of the stream, rounded (fusion.py's
-    # moe_residual_norm, moe_combine_q8.wgsl; the same bits); 0 (default): the combine, then the norm in the next
-    # q|k|v GEMV's prologue (kernels_norm_in) where it applies, so no dispatch is saved there, and the fused form
-    # sums a token's whole row in one workgroup: Qwen3-30B-A3B tg128 on an H100 (Dawn, best of 3, alternated;
-    # perf/h200/s42-2026-12-07-h100.txt) 214.7 / 219.1 t/s with it against 228.8 / 228.7 without.
+    # moe_residual_norm, moe_combine_q8.wgsl; the same bits); 0 (default): the combine, then rmsnorm_q8 (or the
+    # next GEMV's prologue where kernels_norm_in takes it). The fused form saves a dispatch a layer (Qwen3-30B-A3B:
+    # 27 against 28 over perf/dispatch_counts.py's two layers) but was slower, likely as a decode step's row is
+    # then ceil(D / 1024) workgroups each reading every pair's row: Qwen3-30B-A3B tg128 on an H100 (Dawn, best of
+    # 3, alternated; perf/h200/s42-2026-12-07-h100.txt) 214.7 / 219.1 t/s with it against 228.8 / 228.7 without.
     moe_combine_norm: int = 0
 
     @classmethod

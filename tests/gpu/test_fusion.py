@@ -218,7 +218,7 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
         assert "add" not in labels, labels
         assert not any(lb.startswith("quantize_q8") for lb in full), full
         assert labels.count("gemv_q8_0_expert_gate_up_q8") == spec.n_layers, labels
-        gate_up_labels = labels
+        fused_labels = labels
         # attention, FFN, and the head's norms, less those run inside the GEMV after them (kernels_norm_in;
         # never the FFN's here: the router reads it as floats) and the attention norms after a MoE's combine
         normed, fused = sum(lb.endswith("_norm") for lb in labels), spec.n_layers - 1
@@ -231,14 +231,17 @@ def test_moe_layers_fuse_their_norm_rounding_and_residual_add(gpu, tmp_path, pai
         prompt_labels = [d.label.split()[0] for d in g._graph(64, 1)[0].dispatches]
         assert "moe_combine_q8" not in prompt_labels and prompt_labels.count("moe_combine") == spec.n_layers, prompt_labels
         fused_logits = _prompt_then_steps(g, prompt)
-    # the default: the combine, then the norm's own dispatch; the same logits, bit for bit
-    apart = GPUBackend(gf, plan, 128, dev=gpu)
-    split = [d.label.split()[0] for d in apart._multi_step(1, False).dispatches]
-    assert split.count("moe_combine") == spec.n_layers and "moe_combine_q8" not in split, split
-    # here the next layers' q|k|v GEMVs norm their rows themselves instead (kernels_norm_in): as many dispatches
-    assert sum(lb.endswith("_norm") for lb in split) == normed + fused and len(split) == len(gate_up_labels), split
-    for a, b in zip(_prompt_then_steps(apart, prompt), fused_logits):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    # INFR_MOE_COMBINE_NORM=0 (the default): the combine, then the next norm apart; the same logits, bit for bit
+    assert tuning.Tuning.from_env({}).moe_combine_norm == 0
+    with tuning.override(moe_combine_norm=0):
+        apart = GPUBackend(gf, plan, 128, dev=gpu)
+        split = [d.label.split()[0] for d in apart._multi_step(1, False).dispatches]
+        assert split.count("moe_combine") == spec.n_layers and "moe_combine_q8" not in split, split
+        # here (a small q|k|v) the next layers' q|k|v GEMVs norm their rows themselves (kernels_norm_in): as many
+        # dispatches
+        assert sum(lb.endswith("_norm") for lb in split) == normed + fused and len(split) == len(fused_labels), split
+        for a, b in zip(_prompt_then_steps(apart, prompt), fused_logits):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 
 
 def _prompt_then_steps(be, prompt: list[int]) -> list:

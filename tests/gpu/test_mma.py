@@ -103,13 +103,20 @@ def test_units_converted_directly(mma, kernels, qtype, xc):
     """WC 3 tiles (kernels_mma.DIRECT_TILE's kind): each invocation's fetched units turned straight into
     f16 values of the weight tile, no int8 lanes staged and no dequantizing pass: the same bits as the
     tiles converting staged lanes (the same f16 values, multiplied in the same order), and DIRECT_TILE
-    within the bound (and direct_tile's other two)."""
-    for tile in (KMA.DIRECT_TILE, KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE):  # direct_tile's, each within the bound
-        _three_products(mma, kernels, qtype, (tile,) * 3)
+    within the bound."""
+    _three_products(mma, kernels, qtype, (KMA.DIRECT_TILE,) * 3)
     got = _three_products(mma, kernels, qtype, tuple(replace(t, XC=xc, WC=3) for t in COPIED))
     want = _three_products(mma, kernels, qtype, COPIED)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("tile", [KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE], ids=["q6-64x128", "few-128x64"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name.lower())
+def test_direct_tiles(mma, kernels, qtype, tile):
+    """kernels_mma.direct_tile's other WC 3 tiles (Q6_K's 64 x 128; DIRECT_FEW_TILE's 128 rows over 4 subgroups,
+    INFR_MMA_DIRECT_FEW=1) within the bound as a plain product, a gate||up pair and a q|k|v split."""
+    _three_products(mma, kernels, qtype, (tile,) * 3)
 
 
 MIXED = [(256, 128, 128), (200, 100, 60)]  # q, k, v rows: tile-aligned, and passes overrunning their neighbours
@@ -422,6 +429,7 @@ def test_engine_picks_the_tensor_cores(mma, kernels):
     from infr.gpu import tuning
 
     assert KMQ._tile(kernels, Q.Q4_K, 4096, 512) == KMA.DIRECT_TILE
+    assert KMQ._tile(kernels, Q.Q6_K, 4096, 512) == KMA.DIRECT_Q6_TILE  # a Q6_K down or v
     # grouped experts with MmaTuning.experts (default; INFR_MMA_EXPERTS=0: the int8 GEMM's): Qwen3-30B-A3B's
     # pp512, 4096 pairs over 128 experts, 32 an expert, takes EXPERT_DIRECT_TILE (Q4_K), a Q8_0 bank's too;
     # an IQ4_XS bank (no direct conversion) and fewer pairs an expert (a batched decode step) the int8 GEMM's
@@ -485,7 +493,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     direct = KMA.MmaTuning.from_env({})
     assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
     assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
-        KMA.DIRECT_TILE, KMA.DIRECT_Q6_TILE, KMA.WC_TILE]
+        KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]  # a Q6_K pair on DIRECT_Q6_TILE is not yet checked on a GPU
+    assert direct.tile_for(Dev(), 4096, 512, qtype="q6_k") == KMA.DIRECT_Q6_TILE
     # direct_tile: Q6_K's own shape; DIRECT_FEW_TILE where DIRECT_TILE gives under DIRECT_FEW_GROUPS workgroups (the
     # 8B's k or v alone at T = 512: 8 x 4), a pair's groups counted by its half tiles
     assert all(t.WC == 3 and t.fits(Dev(), pair=True) for t in (KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE))
@@ -495,8 +504,8 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert [few.tile_for(Dev(), n, 512, qtype="q4_k") for n in (1024, 2048)] == [KMA.DIRECT_FEW_TILE, KMA.DIRECT_TILE]
     assert few.tile_for(Dev(), 1024, 512, qtype="q6_k") == KMA.DIRECT_Q6_TILE
     assert few.tile_for(Dev(), 1024, 512, pair=True, qtype="q8_0") == KMA.DIRECT_TILE  # 16 x 4
-    assert KMA.direct_tile("q5_0", 1024, 256) == KMA.DIRECT_FEW_TILE
-    assert KMA.direct_tile("q5_0", 1024, 256, few=False) == KMA.DIRECT_TILE
+    assert KMA.direct_tile("q5_0", 1024, 256, few=True) == KMA.DIRECT_FEW_TILE
+    assert KMA.direct_tile("q5_0", 1024, 256) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
     assert KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "0"}).tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE
