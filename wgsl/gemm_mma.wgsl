@@ -38,6 +38,8 @@
 // the workgroup's tiles, group p doing the products of the p-th KS / KP values of each stage; their
 // sums meet in ep, added in group order, and group 0 stores them. KP times the subgroups in flight
 // for the same tiles, where one group alone left most of the GPU idle waiting on its loads.
+// VW 1: wh, xh and ep are views of one workgroup buffer (bufferView): ep, used only after the last stage,
+// reuses the tiles' bytes, and the tiles take 8- and 16-byte stores where VW 0 stores each f16 alone.
 // DIRECT (WC 3; Q4_K, Q6_K, Q8_0, Q5_0): no dequantizing pass and no wq / ws staging: each invocation's
 // fetched units (the readers' Raw, a stage ahead) become f16 values in wh in B (mma_direct_TYPE.wgsl).
 
@@ -86,9 +88,7 @@ const NVA: u32 = max((NWV + NXV + WG - 1u) / WG, 1u);  // of both per invocation
 const WQN: u32 = {{WQN}}u;  // XV BN, or 1 (unused) with WCOPY
 const WSN: u32 = {{WSN}}u;  // SUB BN, or 1
 
-var<workgroup> wh: array<f16, BN * LD>;
-var<workgroup> xh: array<f16, BT * LD>;
-var<workgroup> ep: array<f32, KP * SGR * SGT * 256u>;
+{{SMEM}}
 var<workgroup> partial: array<f32, 1>;  // matmul_common's finish_row needs the name; unused here
 
 // #include mma_stage
@@ -125,6 +125,7 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
 }
 
 fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
+{{VIEW_LETS}}
     if (!WCOPY && !DIRECT) {
         put_units(g.u, st * KS, tid, first);
     }
@@ -149,20 +150,12 @@ fn vec_fetch(k0: u32, tid: u32, first: u32, tok0: u32) -> array<vec4<u32>, NVA> 
 
 // B, WVEC / XVEC: the fetched words as f16 values into wh / xh.
 fn vec_put(w: array<vec4<u32>, NVA>, tid: u32) {
+{{VIEW_LETS}}
     for (var n = 0u; n < NVA; n++) {
         let i = tid + n * WG;
         let j = select(i - NWV, i, i < NWV);
         let o = (j / (KS / 8u)) * LD + 8u * (j % (KS / 8u));
-        for (var c = 0u; c < 4u; c++) {
-            let h = bitcast<vec2<f16>>(w[n][c]);
-            if (i < NWV) {
-                wh[o + 2u * c] = h.x;
-                wh[o + 2u * c + 1u] = h.y;
-            } else if (i < NWV + NXV) {
-                xh[o + 2u * c] = h.x;
-                xh[o + 2u * c + 1u] = h.y;
-            }
-        }
+{{VEC_PUT}}
     }
 }
 
@@ -173,11 +166,13 @@ fn sub_half(v: u32) -> vec2<u32> {
 
 // Four f16 values into wh at o (DIRECT's unit_f16).
 fn put4(o: u32, v: vec4<f16>) {
-    wh[o] = v.x; wh[o + 1u] = v.y; wh[o + 2u] = v.z; wh[o + 3u] = v.w;
+{{VIEW_LETS}}
+{{PUT4}}
 }
 
 // B: the staged weights (DIRECT: the fetched units of stage st) and the fetched tokens as f16 tiles.
 fn convert(g: Staged, tid: u32, st: u32, first: u32) {
+{{VIEW_LETS}}
     if (WVEC || XVEC) {
         vec_put(g.v, tid);
     }
@@ -197,8 +192,7 @@ fn convert(g: Staged, tid: u32, st: u32, first: u32) {
             let k = 8u * (i % (KS / 8u));  // stage-local value
             let v = weight8(rho, k);
             let o = rho * LD + k;
-            wh[o] = v[0].x; wh[o + 1u] = v[0].y; wh[o + 2u] = v[0].z; wh[o + 3u] = v[0].w;
-            wh[o + 4u] = v[1].x; wh[o + 5u] = v[1].y; wh[o + 6u] = v[1].z; wh[o + 7u] = v[1].w;
+{{PUT8}}
         }
     }
     for (var n = 0u; n < select(NX, 0u, XCOPY); n++) {
@@ -211,7 +205,7 @@ fn convert(g: Staged, tid: u32, st: u32, first: u32) {
             let o = tau * LD + 32u * sh.x + 16u * sh.y;
             for (var c = 0u; c < 4u; c++) {
                 let v = vec4<f16>(d * vec4<f32>(unpack4xI8(g.x[n][c])));
-                xh[o + 4u * c] = v.x; xh[o + 4u * c + 1u] = v.y; xh[o + 4u * c + 2u] = v.z; xh[o + 4u * c + 3u] = v.w;
+{{XPUT4}}
             }
         }
     }
@@ -221,6 +215,7 @@ fn convert(g: Staged, tid: u32, st: u32, first: u32) {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+{{VIEW_LETS}}
     let cell = grid_cell(wid, nwg, TOKENS_FIRST);  // (row tile, token tile)
     if (tile_skip(cell.y)) {  // EXPERT: no pairs, or its expert in another binding
         return;
@@ -294,6 +289,7 @@ fn pair_act(g: f32) -> f32 {
 // (ep column-major: element (m, n) at 16 n + m); `other` the matching up
 // matrix's values (PAIR) as this lane read them. KP: the sum of every group's matrix in that place.
 fn out_values(scratch: u32, lane: u32) -> array<f32, 8> {
+{{VIEW_LETS}}
     var v: array<f32, 8>;
     let base = scratch % (SGR * SGT * 256u);
     for (var e = 0u; e < 8u; e++) {

@@ -14,7 +14,7 @@ here: arrays of them indexed in loops stay in memory (perf/README.md,
 2026-12-02, the probe's --unrolled sweep).
 
 Knobs (MmaTuning, read once: infr.gpu.tuning): INFR_MMA=0 keeps gemm_mmq
-everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]] ..." the tiles tried by
+everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP[,VW]]]]] ..." the tiles tried by
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
 tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); a WC 3 tile
@@ -56,6 +56,18 @@ class MmaTile:
     # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores;
     # 3: no f16 rows: the quantized units fetched a stage ahead turned straight into the tile (DIRECT_TYPES)
     KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
+    VW: int = 0  # 1: the tiles and the epilogue's scratch are views of one workgroup buffer (bufferView: Tint
+    # accepts it on Dawn's Null device; no GPU has run it yet), the scratch reusing the tiles' bytes after the last
+    # stage (so 64 x 256 and 128 x 192 fit 48 KiB), the tiles written by 8- and 16-byte stores where VW 0 writes
+    # each f16 alone (DIRECT_TILE's two tiles: 16384 2-byte stores a stage). Only in tile lists for now
+    # (INFR_MMA_TILES, perf/mmq_bench.py --mma): untimed.
+
+    @property
+    def tile_bytes(self) -> int:
+        """The workgroup bytes of the weight and token tiles and the epilogue's scratch (VW: shared)."""
+        ld = 32 * self.SUB + self.PAD
+        tiles, scratch = 2 * ld * (self.BN + self.BT), 4 * 256 * self.KP * self.SGR * self.SGT
+        return -(-max(tiles, scratch) // 16) * 16 if self.VW else tiles + scratch
 
     @property
     def token_mats(self) -> int:
@@ -86,10 +98,8 @@ class MmaTile:
         return self.KP * self.SGR * self.SGT * SUBGROUP
 
     def shared_bytes(self, extra: int = 0) -> int:
-        ks = 32 * self.SUB
-        ld = ks + self.PAD
         staged = 24 if self.WC else 2 * self.SUB * 16 * self.BN + self.SUB * 8 * self.BN
-        return staged + 2 * ld * (self.BN + self.BT) + 4 * 256 * self.KP * self.SGR * self.SGT + 4 + extra
+        return staged + self.tile_bytes + 4 + extra
 
     def fits(self, dev, extra: int = 0, pair: bool = False) -> bool:
         limits = getattr(dev, "limits", None) or {}
@@ -103,20 +113,21 @@ class MmaTile:
             and (self.XC != 1 or (self.token_mats >= 1 and self.token_mats * self.SGR * self.SGT
                                   == (self.BT // 16) * 2 * self.SUB))
             and self.WC in (0, 1, 2, 3) and (not self.WC or 128 % self.BN == 0)
+            and self.VW in (0, 1) and (not self.VW or self.PAD % 8 == 0)
             and (self.WC != 1 or (self.weight_mats >= 1 and self.weight_mats * self.SGR * self.SGT
                                   == (self.BN // 16) * 2 * self.SUB))
         )
 
     @classmethod
     def parse(cls, spec: str) -> MmaTile:
-        """'BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP]]]]'."""
+        """'BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP[,VW]]]]]'."""
         return cls(*map(int, spec.split(",")))
 
     @property
     def spec(self) -> str:
         return ",".join(map(str, (self.BN, self.BT, self.SUB, self.SGR, self.SGT, self.PAD)
-                            + ((self.XC, self.WC, self.KP) if self.KP != 1 else (self.XC, self.WC) if self.WC
-                               else (self.XC,) if self.XC else ())))
+                            + ((self.XC, self.WC, self.KP, self.VW) if self.VW else (self.XC, self.WC, self.KP)
+                               if self.KP != 1 else (self.XC, self.WC) if self.WC else (self.XC,) if self.XC else ())))
 
 
 # Tiles tried in order: the first giving min_groups workgroups; where none does, the
@@ -398,23 +409,24 @@ def _staged_base(tile: MmaTile, a: int, pair: bool) -> str:
 def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
     """The kernel's written-out parts: accumulators, products per 16 values of k, the epilogue."""
     TM, TN = tile.TM, tile.TN
+    ref = (lambda name: name) if tile.VW else (lambda name: f"&{name}")  # VW: wh, xh and ep are pointers (views)
     left = "subgroup_matrix_left<f16, 16, 16>"
     right = "subgroup_matrix_right<f16, 16, 16>"
     decl = "\n".join(f"    var acc_{a}_{b}: subgroup_matrix_result<f32, 16, 16>;" for a in range(TM) for b in range(TN))
-    body = [f"            let l_{a} = subgroupMatrixLoad<{left}>(&wh, ({_staged_base(tile, a, pair)}) * LD + kk, false, LD);"
+    body = [f"            let l_{a} = subgroupMatrixLoad<{left}>({ref('wh')}, ({_staged_base(tile, a, pair)}) * LD + kk, false, LD);"
             for a in range(TM)]
     for b in range(TN):
-        body.append(f"            let r_{b} = subgroupMatrixLoad<{right}>(&xh, ((sc * TN + {b}u) * 16u) * LD + kk, true, LD);")
+        body.append(f"            let r_{b} = subgroupMatrixLoad<{right}>({ref('xh')}, ((sc * TN + {b}u) * 16u) * LD + kk, true, LD);")
         body += [f"            acc_{a}_{b} = subgroupMatrixMultiplyAccumulate(l_{a}, r_{b}, acc_{a}_{b});"
                  for a in range(TM)]
     epi = []
     for a in range(TM // 2 if pair else TM):
         for b in range(TN):
-            epi += [f"    subgroupMatrixStore(&ep, scratch, acc_{a}_{b}, true, 16u);", "    workgroupBarrier();",
+            epi += [f"    subgroupMatrixStore({ref('ep')}, scratch, acc_{a}_{b}, true, 16u);", "    workgroupBarrier();",
                     f"    let v_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
             up = f"v_{a}_{b}"
             if pair:
-                epi += [f"    subgroupMatrixStore(&ep, scratch, acc_{a + TM // 2}_{b}, true, 16u);", "    workgroupBarrier();",
+                epi += [f"    subgroupMatrixStore({ref('ep')}, scratch, acc_{a + TM // 2}_{b}, true, 16u);", "    workgroupBarrier();",
                         f"    let u_{a}_{b} = out_values(scratch, lane);", "    workgroupBarrier();"]
                 up = f"u_{a}_{b}"
             st = (f"store_values(v_{a}_{b}, {up}, lane, first + {_staged_base(tile, a, pair)}, "
@@ -432,10 +444,52 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
     for typ, name, src, at, dst, dst_at, cm, n in copies:
         ld = f"subgroupMatrixLoad<{typ}>(&{src}, {at}, {cm}, params.K)"
         decl += [f"    var {name}_{j} = {ld.format(j=j, st='0u')};" for j in range(n)]
-        store += [f"        subgroupMatrixStore(&{dst}, {dst_at.format(j=j)}, {name}_{j}, {cm}, LD);" for j in range(n)]
+        store += [f"        subgroupMatrixStore({ref(dst)}, {dst_at.format(j=j)}, {name}_{j}, {cm}, LD);" for j in range(n)]
         load += [f"            {name}_{j} = {ld.format(j=j, st='st + 1u')};" for j in range(n)]
     gen.update(XM_DECL="\n".join(decl), XM_STORE="\n".join(store), XM_LOAD="\n".join(load))
     return gen
+
+
+_VIEWS = """    let wh = bufferView<array<f16, BN * LD>>(&smem, 0u);
+    let xh = bufferView<array<f16, BT * LD>>(&smem, XH_AT);
+    let ep = bufferView<array<f32, EPN>>(&smem, 0u);
+    let w2 = bufferView<array<vec2<u32>, BN * LD / 4u>>(&smem, 0u);
+    let x2 = bufferView<array<vec2<u32>, BT * LD / 4u>>(&smem, XH_AT);
+    let w4 = bufferView<array<vec4<u32>, BN * LD / 8u>>(&smem, 0u);
+    let x4 = bufferView<array<vec4<u32>, BT * LD / 8u>>(&smem, XH_AT);"""
+
+
+def _memory(tile: MmaTile) -> dict[str, str]:
+    """gemm_mma.wgsl's workgroup tiles and their stores: three arrays stored an f16 at a time, or (VW) views of one
+    buffer (the scratch over the tiles) stored by vec2 / vec4 words (every offset a multiple of 4 / 8 f16: PAD % 8)."""
+    if not tile.VW:
+        return {"SMEM": "var<workgroup> wh: array<f16, BN * LD>;\nvar<workgroup> xh: array<f16, BT * LD>;\n"
+                        "var<workgroup> ep: array<f32, KP * SGR * SGT * 256u>;",
+                "VIEW_LETS": "",
+                "PUT4": "    wh[o] = v.x; wh[o + 1u] = v.y; wh[o + 2u] = v.z; wh[o + 3u] = v.w;",
+                "PUT8": "            wh[o] = v[0].x; wh[o + 1u] = v[0].y; wh[o + 2u] = v[0].z; wh[o + 3u] = v[0].w;\n"
+                        "            wh[o + 4u] = v[1].x; wh[o + 5u] = v[1].y; wh[o + 6u] = v[1].z; wh[o + 7u] = v[1].w;",
+                "VEC_PUT": "        for (var c = 0u; c < 4u; c++) {\n"
+                           "            let h = bitcast<vec2<f16>>(w[n][c]);\n"
+                           "            if (i < NWV) {\n"
+                           "                wh[o + 2u * c] = h.x;\n"
+                           "                wh[o + 2u * c + 1u] = h.y;\n"
+                           "            } else if (i < NWV + NXV) {\n"
+                           "                xh[o + 2u * c] = h.x;\n"
+                           "                xh[o + 2u * c + 1u] = h.y;\n"
+                           "            }\n"
+                           "        }",
+                "XPUT4": "                xh[o + 4u * c] = v.x; xh[o + 4u * c + 1u] = v.y; xh[o + 4u * c + 2u] = v.z; "
+                         "xh[o + 4u * c + 3u] = v.w;"}
+    return {"SMEM": "const XH_AT: u32 = 2u * BN * LD;  // the token tile's first byte\n"
+                    "const EPN: u32 = KP * SGR * SGT * 256u;  // the epilogue's scratch, over the tiles\n"
+                    f"var<workgroup> smem: buffer<{tile.tile_bytes}>;",
+            "VIEW_LETS": _VIEWS,
+            "PUT4": "    w2[o / 4u] = bitcast<vec2<u32>>(v);",
+            "PUT8": "            w2[o / 4u] = bitcast<vec2<u32>>(v[0]);\n            w2[o / 4u + 1u] = bitcast<vec2<u32>>(v[1]);",
+            "VEC_PUT": "        if (i < NWV) {\n            w4[o / 8u] = w[n];\n        } else if (i < NWV + NXV) {\n"
+                       "            x4[o / 8u] = w[n];\n        }",
+            "XPUT4": "                x2[(o + 4u * c) / 4u] = bitcast<vec2<u32>>(v);"}
 
 
 def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = None, split: bool = False,
@@ -475,6 +529,7 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
                                                                                           ("x", tile.XC == 2))),
         "EXPERT": "// #include mmq_expert_on" if expert else "// #include mmq_expert_off",
         "TOKENS_FIRST": str(TU.current().gemm_tokens_first != 0 and not expert).lower(),
+        **_memory(tile),
     }
     pipe = kernels.pipeline("gemm_mma", "main", unchecked=True, **consts)
     return pipe, (tile.BN // 2 if pair else tile.BN), tile.BT

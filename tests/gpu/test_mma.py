@@ -119,6 +119,28 @@ def test_direct_tiles(mma, kernels, qtype, tile):
     _three_products(mma, kernels, qtype, (tile,) * 3)
 
 
+VIEWED = [KMA.DIRECT_TILE, KMA.WC_TILE, COPIED[0], KMA.PLAIN_KP_TILE, KMA.MmaTile(64, 64, 2, 2, 2, 8, 1, 1)]
+
+
+@pytest.mark.parametrize("tile", VIEWED, ids=["direct", "wc", "converting", "kp", "matrix-copies"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+def test_views_give_the_same_bits(mma, kernels, qtype, tile):
+    """VW 1 (the tiles and the epilogue's scratch as views of one workgroup buffer, stored by 8- and 16-byte words):
+    the same values in the same places, so each product the same bits as VW 0's."""
+    want = _three_products(mma, kernels, qtype, (tile,) * 3)
+    got = _three_products(mma, kernels, qtype, (replace(tile, VW=1),) * 3)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("tile", [KMA.MmaTile(64, 256, 2, 2, 4, 8, 2, 3, 1, 1), KMA.MmaTile(128, 192, 2, 2, 4, 8, 2, 3, 1, 1)],
+                         ids=["64x256", "128x192"])
+def test_tiles_only_views_fit(mma, kernels, tile):
+    """Token tiles past 48 KiB without VW (the scratch beside the tiles) within the bound with it."""
+    assert not replace(tile, VW=0).fits(mma, pair=True) and tile.fits(mma, pair=True)
+    _three_products(mma, kernels, Q.Q4_K, (tile,) * 3)
+
+
 MIXED = [(256, 128, 128), (200, 100, 60)]  # q, k, v rows: tile-aligned, and passes overrunning their neighbours
 
 
@@ -498,6 +520,11 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     # direct_tile: Q6_K's own shape; DIRECT_FEW_TILE where DIRECT_TILE gives under DIRECT_FEW_GROUPS workgroups (the
     # 8B's k or v alone at T = 512: 8 x 4), a pair's groups counted by its half tiles
     assert all(t.WC == 3 and t.fits(Dev(), pair=True) for t in (KMA.DIRECT_Q6_TILE, KMA.DIRECT_FEW_TILE))
+    # VW 1: the epilogue's scratch over the tiles (8 KiB less for 8 subgroups), so 64 x 256 fits; PAD a multiple of 8
+    vw = KMA.MmaTile.parse("64,256,2,2,4,8,2,3,1,1")
+    assert vw.VW == 1 and KMA.MmaTile.parse(vw.spec) == vw and vw.fits(Dev()) and not replace(vw, VW=0).fits(Dev())
+    assert replace(KMA.DIRECT_TILE, VW=1).shared_bytes() == KMA.DIRECT_TILE.shared_bytes() - 8192
+    assert not replace(KMA.DIRECT_TILE, VW=1, PAD=4).fits(Dev()) and replace(KMA.DIRECT_TILE, PAD=4).fits(Dev())
     few = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT_FEW": "1"})
     assert not direct.direct_few and few.direct_few  # opt-in until a GPU checks its products
     assert direct.tile_for(Dev(), 1024, 512, qtype="q4_k") == KMA.DIRECT_TILE

@@ -234,6 +234,16 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
     for q in (Q.Q8_0, Q.Q5_0):
         KMA.pipeline(rec, KM.wgsl_name(q), KMA.DIRECT_TILE, pair_act="silu")
         KMA.pipeline(rec, KM.wgsl_name(q), KMA.EXPERT_DIRECT_TILE, expert=True)
+    # VW 1: the tiles and the epilogue's scratch as views of one workgroup buffer, every copy form and the tiles
+    # it lets fit (64 x 256, 128 x 192)
+    for tile in (KMA.DIRECT_TILE, KMA.WC_TILE, KMA.TILES[0], XC_TILES[0], KP_TILES[2], KMA.MmaTile(64, 64, 2, 2, 2, 8, 1, 1),
+                 KMA.MmaTile(64, 256, 2, 2, 4, 8, 2, 3), KMA.MmaTile(128, 192, 2, 2, 4, 8, 2, 3)):
+        tile = replace(tile, VW=1)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
+        if not (tile.XC or tile.WC in (1, 2)):
+            KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile, pair_act="silu", expert=True)
     for tile in KP_TILES:  # stages split among groups of subgroups (batched decode steps)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
