@@ -170,7 +170,8 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true", help="also time the batched GEMV once per type and shape")
     ap.add_argument("--gemm", action="store_true", help="also time the f32 GEMM (kernels_gemm: lavapipe's batch kernel)")
     ap.add_argument("--flavor", default="wgpu", help="WebGPU implementation: wgpu or dawn (the Dawn tier)")
-    ap.add_argument("--mma", default="", help='tensor-core tiles (Dawn; kernels_mma.MmaTile) "BN,BT,SUB,SGR,SGT[,PAD] ..." '
+    ap.add_argument("--mma", default="", help='tensor-core tiles (Dawn; kernels_mma.MmaTile) '
+                                             '"BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP[,VW]]]]] ..." '
                                              'timed instead of --sweep\'s, or "auto" (the tile the engine picks)')
     ap.add_argument("--mma-phases", default="", help='"convert" or "products": time one part of the tensor-core '
                                                      'kernel alone (its results are wrong)')

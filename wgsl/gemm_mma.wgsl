@@ -125,7 +125,6 @@ fn fetch(st: u32, tid: u32, first: u32, tok0: u32) -> Staged {
 }
 
 fn put_weights(g: Staged, st: u32, tid: u32, first: u32) {
-{{VIEW_LETS}}
     if (!WCOPY && !DIRECT) {
         put_units(g.u, st * KS, tid, first);
     }
@@ -164,7 +163,7 @@ fn sub_half(v: u32) -> vec2<u32> {
     return vec2<u32>(2u * (v / 4u) + (v % 2u), (v % 4u) / 2u);
 }
 
-// Four f16 values into wh at o (DIRECT's unit_f16).
+// Four f16 values into wh at o (DIRECT's unit_f16; o a multiple of 4, which VW's one 8-byte store needs).
 fn put4(o: u32, v: vec4<f16>) {
 {{VIEW_LETS}}
 {{PUT4}}

@@ -3,7 +3,7 @@
 // into f16 values of the weight tile wh at staged row rho, with no int8 lanes or scales staged in
 // workgroup memory between: values [16 hf, 16 hf + 16) of the stage's sub-blocks 2 cl (low nibbles)
 // and 2 cl + 1 (high), a q + b each computed as weight8 does (the same bits as the staged conversion).
-// The includer declares wh, LD and put4.
+// The includer declares wh, LD and put4 (VW: wh a view; put4's offsets multiples of 4).
 
 fn unit_f16(g: Raw, rb: u32, k0: u32, u: u32, rho: u32) {
     let cl = u / 2u;

@@ -2,7 +2,8 @@
 // a fetched unit (mmq_q6_k.wgsl's Raw, with the word pair s0, s1 holding the block's scales 4c .. 4c + 3,
 // fetched where DIRECT) turned straight into f16 values of the weight tile wh at staged row rho:
 // values [16 hf, 16 hf + 16) of the stage's sub-blocks 2 cl and 2 cl + 1, d scale q each computed as
-// weight8 does (the same bits as the staged conversion). The includer declares wh, LD and put4.
+// weight8 does (the same bits as the staged conversion). The includer declares wh, LD and put4 (VW: wh a view;
+// put4's offsets multiples of 4).
 
 fn unit_f16(g: Raw, rb: u32, k0: u32, u: u32, rho: u32) {
     let bb = rb + (k0 / 256u) * 210u;

@@ -1,7 +1,7 @@
 // gemm_mma.wgsl's WC 3 for Q8_0 (and mma_dequant.wgsl's DIRECT form): a fetched unit (mmq_q8_0.wgsl's Raw:
 // the 9 words holding one block, stage sub-block u) turned straight into f16 values of the weight tile wh at
 // staged row rho, d q each computed as weight8 does (the same bits as the staged conversion).
-// The includer declares wh, LD and put4.
+// The includer declares wh, LD and put4 (VW: wh a view; put4's offsets multiples of 4).
 
 fn unit_f16(g: Raw, rb: u32, k0: u32, u: u32, rho: u32) {
     let odd = ((rb + (k0 / 32u + u) * 34u) & 2u) != 0u;

@@ -453,10 +453,10 @@ def generated(tile: MmaTile, pair: bool) -> dict[str, str]:
 _VIEWS = """    let wh = bufferView<array<f16, BN * LD>>(&smem, 0u);
     let xh = bufferView<array<f16, BT * LD>>(&smem, XH_AT);
     let ep = bufferView<array<f32, EPN>>(&smem, 0u);
-    let w2 = bufferView<array<vec2<u32>, BN * LD / 4u>>(&smem, 0u);
-    let x2 = bufferView<array<vec2<u32>, BT * LD / 4u>>(&smem, XH_AT);
-    let w4 = bufferView<array<vec4<u32>, BN * LD / 8u>>(&smem, 0u);
-    let x4 = bufferView<array<vec4<u32>, BT * LD / 8u>>(&smem, XH_AT);"""
+    let wh2 = bufferView<array<vec2<u32>, BN * LD / 4u>>(&smem, 0u);
+    let xh2 = bufferView<array<vec2<u32>, BT * LD / 4u>>(&smem, XH_AT);
+    let wh4 = bufferView<array<vec4<u32>, BN * LD / 8u>>(&smem, 0u);
+    let xh4 = bufferView<array<vec4<u32>, BT * LD / 8u>>(&smem, XH_AT);"""
 
 
 def _memory(tile: MmaTile) -> dict[str, str]:
@@ -485,11 +485,11 @@ def _memory(tile: MmaTile) -> dict[str, str]:
                     "const EPN: u32 = KP * SGR * SGT * 256u;  // the epilogue's scratch, over the tiles\n"
                     f"var<workgroup> smem: buffer<{tile.tile_bytes}>;",
             "VIEW_LETS": _VIEWS,
-            "PUT4": "    w2[o / 4u] = bitcast<vec2<u32>>(v);",
-            "PUT8": "            w2[o / 4u] = bitcast<vec2<u32>>(v[0]);\n            w2[o / 4u + 1u] = bitcast<vec2<u32>>(v[1]);",
-            "VEC_PUT": "        if (i < NWV) {\n            w4[o / 8u] = w[n];\n        } else if (i < NWV + NXV) {\n"
-                       "            x4[o / 8u] = w[n];\n        }",
-            "XPUT4": "                x2[(o + 4u * c) / 4u] = bitcast<vec2<u32>>(v);"}
+            "PUT4": "    wh2[o / 4u] = bitcast<vec2<u32>>(v);",
+            "PUT8": "            wh2[o / 4u] = bitcast<vec2<u32>>(v[0]);\n            wh2[o / 4u + 1u] = bitcast<vec2<u32>>(v[1]);",
+            "VEC_PUT": "        if (i < NWV) {\n            wh4[o / 8u] = w[n];\n        } else if (i < NWV + NXV) {\n"
+                       "            xh4[o / 8u] = w[n];\n        }",
+            "XPUT4": "                xh2[(o + 4u * c) / 4u] = bitcast<vec2<u32>>(v);"}
 
 
 def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = None, split: bool = False,
@@ -503,6 +503,9 @@ def pipeline(kernels, qtype_name: str, tile: MmaTile, pair_act: str | None = Non
     if not tile.kp_ok:
         raise UnsupportedError(f"tensor-core tile {tile.spec}: KP groups need whole 16-value products a stage "
                                "and no f16 row copies (those index the subgroups of one group)")
+    if tile.VW and tile.PAD % 8:
+        raise UnsupportedError(f"tensor-core tile {tile.spec}: VW stores the tiles by 8- and 16-byte words, so their rows "
+                               "need PAD a multiple of 8")
     if tile.WC == 3 and qtype_name not in DIRECT_TYPES:
         raise UnsupportedError(f"tensor-core tile {tile.spec}: no direct conversion of {qtype_name} units (DIRECT_TYPES)")
     if (tile.XC or tile.WC in (1, 2)) and expert:

@@ -122,8 +122,10 @@ def test_direct_tiles(mma, kernels, qtype, tile):
 VIEWED = [KMA.DIRECT_TILE, KMA.WC_TILE, COPIED[0], KMA.PLAIN_KP_TILE, KMA.MmaTile(64, 64, 2, 2, 2, 8, 1, 1)]
 
 
-@pytest.mark.parametrize("tile", VIEWED, ids=["direct", "wc", "converting", "kp", "matrix-copies"])
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name.lower())
+@pytest.mark.parametrize("tile,qtype", [(t, q) for t in VIEWED for q in (Q.Q4_K, Q.Q6_K)]
+                         + [(KMA.DIRECT_TILE, q) for q in (Q.Q8_0, Q.Q5_0)],
+                         ids=[f"{n}-{q}" for n in ("direct", "wc", "converting", "kp", "matrix-copies") for q in ("q4_k", "q6_k")]
+                         + ["direct-q8_0", "direct-q5_0"])
 def test_views_give_the_same_bits(mma, kernels, qtype, tile):
     """VW 1 (the tiles and the epilogue's scratch as views of one workgroup buffer, stored by 8- and 16-byte words):
     the same values in the same places, so each product the same bits as VW 0's."""

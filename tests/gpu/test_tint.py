@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as Q
 
 from infr import synth
 from infr.engine import Model
+from infr.errors import UnsupportedError
 from infr.gguf_file import open_gguf
 from infr.gpu.backend import GPUBackend
 from infr.models import build_spec
@@ -244,6 +245,12 @@ def test_mma_kernels_pass_tint(gpu, tint):  # noqa: F811
         KMA.pipeline(rec, KM.wgsl_name(Q.Q8_0), tile, split=True)
         if not (tile.XC or tile.WC in (1, 2)):
             KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile, pair_act="silu", expert=True)
+        if tile.WC == 3:
+            KMA.pipeline(rec, KM.wgsl_name(Q.Q5_0), tile, pair_act="gelu_f16")
+        else:
+            KMA.pipeline(rec, KM.wgsl_name(Q.IQ4_XS), tile, pair_act="gelu_f16")
+    with pytest.raises(UnsupportedError, match="PAD a multiple of 8"):  # VW's wide stores need rows of whole words
+        KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), replace(KMA.DIRECT_TILE, VW=1, PAD=4))
     for tile in KP_TILES:  # stages split among groups of subgroups (batched decode steps)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q4_K), tile)
         KMA.pipeline(rec, KM.wgsl_name(Q.Q6_K), tile, pair_act="silu")
