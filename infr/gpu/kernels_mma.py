@@ -69,6 +69,10 @@ class MmaTile:
         tiles, scratch = 2 * ld * (self.BN + self.BT), 4 * 256 * self.KP * self.SGR * self.SGT
         return -(-max(tiles, scratch) // 16) * 16 if self.VW else tiles + scratch
 
+    def groups(self, n_out: int, T: int, pair: bool = False) -> int:
+        """Workgroups for n_out rows (a pair's: each tile holds BN / 2 of gate and of up) x T tokens."""
+        return -(-n_out // (self.BN // 2 if pair else self.BN)) * -(-T // self.BT)
+
     @property
     def token_mats(self) -> int:
         """XC: the 16 x 16 token matrices each subgroup copies per stage."""
@@ -307,7 +311,7 @@ class MmaTuning:
                     or ((tile.XC or rows16) and not copies_fit) or (tile.WC == 3 and qtype not in DIRECT_TYPES)
                     or (tile.KP > 1 and T > KP_MAX_T)):
                 continue
-            groups = -(-n_out // (tile.BN // 2 if pair else tile.BN)) * -(-T // tile.BT)
+            groups = tile.groups(n_out, T, pair)
             pad = -(-T // tile.BT) * tile.BT
             if not (tile.fits(dev, extra, pair) and groups >= self.min_groups):
                 continue
@@ -382,9 +386,8 @@ def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: 
     give fewer than DIRECT_FEW_GROUPS workgroups."""
     if qtype == "q6_k" and not pair:
         return DIRECT_Q6_TILE
-    t = DIRECT_TILE
-    groups = -(-n_out // (t.BN // 2 if pair else t.BN)) * -(-T // t.BT)
-    return DIRECT_FEW_TILE if few and groups < DIRECT_FEW_GROUPS else t
+    few = few and DIRECT_TILE.groups(n_out, T, pair) < DIRECT_FEW_GROUPS
+    return DIRECT_FEW_TILE if few else DIRECT_TILE
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,
