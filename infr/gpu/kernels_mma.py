@@ -18,7 +18,7 @@ everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP[,VW]]]]] ..." the
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
 tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); a WC 3 tile
-(direct_tile: DIRECT_TILE, Q6_K's DIRECT_Q6_TILE, with INFR_MMA_DIRECT_FEW=1 DIRECT_FEW_TILE for few
+(direct_tile: DIRECT_TILE as a VW tile, Q6_K's DIRECT_Q6_TILE, DIRECT_FEW_TILE for few
 workgroups) comes first for
 DIRECT_TYPES unless INFR_MMA_DIRECT=0, then WC_TILE, 128 x 128 copying both by vec4
 words, unless INFR_MMA_WC=0. Grouped expert products take EXPERT_DIRECT_TILE unless INFR_MMA_EXPERTS=0.
@@ -56,11 +56,11 @@ class MmaTile:
     # rows copied by vec4 loads into registers a stage ahead and f16 stores, not by matrix loads and stores;
     # 3: no f16 rows: the quantized units fetched a stage ahead turned straight into the tile (DIRECT_TYPES)
     KP: int = 1  # groups of SGR x SGT subgroups, each doing the products of 1 / KP of a stage's values
-    VW: int = 0  # 1: the tiles and the epilogue's scratch are views of one workgroup buffer (bufferView: Tint
-    # accepts it on Dawn's Null device; no GPU has run it yet), the scratch reusing the tiles' bytes after the last
+    VW: int = 0  # 1: the tiles and the epilogue's scratch are views of one workgroup buffer (bufferView; the same
+    # bits as VW 0 on an H200 through Dawn's Vulkan backend, stop 43), the scratch reusing the tiles' bytes after the last
     # stage (so 64 x 256 and 128 x 192 fit 48 KiB), the tiles written by 8- and 16-byte stores where VW 0 writes
-    # each f16 alone (DIRECT_TILE's two tiles: 16384 2-byte stores a stage). Only in tile lists for now
-    # (INFR_MMA_TILES, perf/mmq_bench.py --mma): untimed.
+    # each f16 alone (DIRECT_TILE's two tiles: 16384 2-byte stores a stage). DIRECT_TILE takes it (MmaTuning.vw);
+    # 64 x 256 ran at 28-67 TOPS on an H200 (stop 43), far below.
 
     @property
     def tile_bytes(self) -> int:
@@ -180,8 +180,8 @@ DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # 81.3 / 18.5; Q4_K's k/v on DIRECT_FEW_TILE 44.7 against 32.7 (DIRECT_TILE stays Q4_K's best on the rest: 106 / 172
 # / 155 against 53-113 for the others). DIRECT_Q6_TILE's plain products were checked on an H100 in stop 41
 # (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles), its gate||up pair not:
-# a Q6_K pair keeps DIRECT_TILE until a GPU runs test_direct_tiles. DIRECT_FEW_TILE's products have not run on a GPU
-# either, so it waits behind INFR_MMA_DIRECT_FEW=1. Neither is timed end to end yet.
+# a Q6_K pair keeps DIRECT_TILE (test_direct_tiles passed on an H200 in stop 43, its pair included, untimed).
+# DIRECT_FEW_TILE's products passed test_direct_tiles there too: on by default (INFR_MMA_DIRECT_FEW=0: not).
 DIRECT_Q6_TILE = MmaTile(64, 128, 2, 2, 4, 8, 2, 3)
 DIRECT_FEW_TILE = MmaTile(128, 64, 2, 2, 2, 8, 2, 3)
 DIRECT_FEW_GROUPS = 64
@@ -249,9 +249,13 @@ class MmaTuning:
     # INFR_MMA_MIXED=1); off until a GPU with these tensor cores runs it: a product per matrix
     mixed: bool = False
     direct: bool = True  # direct_tile's first for DIRECT_TYPES (INFR_MMA_DIRECT=0: not)
-    # DIRECT_FEW_TILE where DIRECT_TILE gives few workgroups (INFR_MMA_DIRECT_FEW=1): faster in perf/mmq_bench.py, but
-    # its products (128 rows over 4 subgroups) have not yet been checked on a GPU with these tensor cores
-    direct_few: bool = False
+    # DIRECT_FEW_TILE where DIRECT_TILE gives few workgroups (INFR_MMA_DIRECT_FEW=0: not): 44.7 against 32.7 TOPS
+    # on the k/v shape (H100, stop 42); its products passed test_direct_tiles on an H200 (stop 43)
+    direct_few: bool = True
+    # DIRECT_TILE as a VW tile (INFR_MMA_VW=0: not): its tiles stored by 8- and 16-byte words, the same bits
+    # (test_views_give_the_same_bits, H200, stop 43); perf/mmq_bench.py --flavor dawn --types Q4_K, T = 512, H200:
+    # q/o 131 against 119 TOPS, gate+up 173 / 170, down 156 / 150 (perf/h200/vw-glance-2026-12-07-s43-h200.json)
+    vw: bool = True
     lead: tuple[MmaTile, ...] = ()  # tiles taken first wherever they apply (for_experts: EXPERT_DIRECT_TILE)
 
     @classmethod
@@ -282,6 +286,8 @@ class MmaTuning:
             t = replace(t, direct=env["INFR_MMA_DIRECT"] == "1")
         if env.get("INFR_MMA_DIRECT_FEW") in ("0", "1"):
             t = replace(t, direct_few=env["INFR_MMA_DIRECT_FEW"] == "1")
+        if env.get("INFR_MMA_VW") in ("0", "1"):
+            t = replace(t, vw=env["INFR_MMA_VW"] == "1")
         if env.get("INFR_MMA_TABLE_PAIR") in ("0", "1"):
             t = replace(t, table_pair=env["INFR_MMA_TABLE_PAIR"] == "1")
         return t
@@ -302,7 +308,7 @@ class MmaTuning:
         best, best_pad = None, None
         tiles = self.tiles if pair or self.plain_tiles is None else self.plain_tiles
         direct = self.direct and qtype in DIRECT_TYPES
-        big = ((direct_tile(qtype, n_out, T, pair, self.direct_few),) if direct else ()) + ((WC_TILE,) if self.wc else ())
+        big = ((direct_tile(qtype, n_out, T, pair, self.direct_few, self.vw),) if direct else ()) + ((WC_TILE,) if self.wc else ())
         first = self.lead + big
         for n, tile in enumerate(first + tiles):
             rows16 = tile.WC in (1, 2)  # reads f16 weight rows a pass writes (one binding)
@@ -380,14 +386,16 @@ def without_copies(tiles) -> tuple[MmaTile, ...]:
     return tuple(dict.fromkeys(replace(x, XC=0, WC=x.WC if x.WC == 3 else 0) for x in tiles))
 
 
-def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: bool = False) -> MmaTile:
+def direct_tile(qtype: str | None, n_out: int, T: int, pair: bool = False, few: bool = False,
+                vw: bool = False) -> MmaTile:
     """The WC 3 tile for n_out rows x T tokens of `qtype` (a WGSL name of DIRECT_TYPES): DIRECT_Q6_TILE for a Q6_K
-    product (not a pair), else DIRECT_TILE, or (`few`: MmaTuning.direct_few) DIRECT_FEW_TILE where DIRECT_TILE would
-    give fewer than DIRECT_FEW_GROUPS workgroups."""
+    product (not a pair), else DIRECT_TILE (`vw`: MmaTuning.vw, as a VW tile), or (`few`: MmaTuning.direct_few)
+    DIRECT_FEW_TILE where DIRECT_TILE would give fewer than DIRECT_FEW_GROUPS workgroups."""
     if qtype == "q6_k" and not pair:
         return DIRECT_Q6_TILE
-    few = few and DIRECT_TILE.groups(n_out, T, pair) < DIRECT_FEW_GROUPS
-    return DIRECT_FEW_TILE if few else DIRECT_TILE
+    if few and DIRECT_TILE.groups(n_out, T, pair) < DIRECT_FEW_GROUPS:
+        return DIRECT_FEW_TILE
+    return replace(DIRECT_TILE, VW=1) if vw else DIRECT_TILE
 
 
 def tile_for(dev, n_out: int, T: int, extra: int = 0, pair: bool = False, w16_bytes: int = 0,

@@ -115,7 +115,7 @@ def test_units_converted_directly(mma, kernels, qtype, xc):
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name.lower())
 def test_direct_tiles(mma, kernels, qtype, tile):
     """kernels_mma.direct_tile's other WC 3 tiles (Q6_K's 64 x 128; DIRECT_FEW_TILE's 128 rows over 4 subgroups,
-    INFR_MMA_DIRECT_FEW=1) within the bound as a plain product, a gate||up pair and a q|k|v split."""
+    where DIRECT_TILE gives few workgroups) within the bound as a plain product, a gate||up pair and a q|k|v split."""
     _three_products(mma, kernels, qtype, (tile,) * 3)
 
 
@@ -452,7 +452,7 @@ def test_engine_picks_the_tensor_cores(mma, kernels):
     """Where the device has them, a prompt batch's matmul is this kernel (by tile), and INFR_MMA=0 keeps mmq."""
     from infr.gpu import tuning
 
-    assert KMQ._tile(kernels, Q.Q4_K, 4096, 512) == KMA.DIRECT_TILE
+    assert KMQ._tile(kernels, Q.Q4_K, 4096, 512) == replace(KMA.DIRECT_TILE, VW=1)  # MmaTuning.vw
     assert KMQ._tile(kernels, Q.Q6_K, 4096, 512) == KMA.DIRECT_Q6_TILE  # a Q6_K down or v
     # grouped experts with MmaTuning.experts (default; INFR_MMA_EXPERTS=0: the int8 GEMM's): Qwen3-30B-A3B's
     # pp512, 4096 pairs over 128 experts, 32 an expert, takes EXPERT_DIRECT_TILE (Q4_K), a Q8_0 bank's too;
@@ -514,10 +514,12 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert replace(KMA.WC_TILE, WC=1).fits(Dev()) and not replace(KMA.WC_TILE, WC=4).fits(Dev())
     # WC 3 (DIRECT_TILE's): no f16 rows and no staged lanes, so 128 x 128 fits; taken first (INFR_MMA_DIRECT=0: not)
     # for the types with a direct conversion, from wc_min_t tokens, however large its (unwritten) f16 rows
-    direct = KMA.MmaTuning.from_env({})
+    direct = KMA.MmaTuning.from_env({"INFR_MMA_VW": "0"})
+    vws = KMA.MmaTuning.from_env({})  # by default DIRECT_TILE as a VW tile (INFR_MMA_VW=0: not)
+    assert vws.vw and not direct.vw and vws.tile_for(Dev(), 4096, 512, qtype="q4_k") == replace(KMA.DIRECT_TILE, VW=1)
     assert KMA.DIRECT_TILE.WC == 3 and KMA.DIRECT_TILE.fits(Dev()) and KMA.DIRECT_TILE.shared_bytes() <= 49152
     assert [direct.tile_for(Dev(), 4096, 512, pair=True, qtype=q) for q in ("q4_k", "q6_k", "iq4_xs")] == [
-        KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]  # a Q6_K pair on DIRECT_Q6_TILE is not yet checked on a GPU
+        KMA.DIRECT_TILE, KMA.DIRECT_TILE, KMA.WC_TILE]  # a Q6_K pair on DIRECT_TILE (untimed on DIRECT_Q6_TILE)
     assert direct.tile_for(Dev(), 4096, 512, qtype="q6_k") == KMA.DIRECT_Q6_TILE
     # direct_tile: Q6_K's own shape; DIRECT_FEW_TILE where DIRECT_TILE gives under DIRECT_FEW_GROUPS workgroups (the
     # 8B's k or v alone at T = 512: 8 x 4), a pair's groups counted by its half tiles
@@ -527,14 +529,16 @@ def test_tuning_reads_the_environment_and_picks_tiles():
     assert vw.VW == 1 and KMA.MmaTile.parse(vw.spec) == vw and vw.fits(Dev()) and not replace(vw, VW=0).fits(Dev())
     assert replace(KMA.DIRECT_TILE, VW=1).shared_bytes() == KMA.DIRECT_TILE.shared_bytes() - 8192
     assert not replace(KMA.DIRECT_TILE, VW=1, PAD=4).fits(Dev()) and replace(KMA.DIRECT_TILE, PAD=4).fits(Dev())
-    few = KMA.MmaTuning.from_env({"INFR_MMA_DIRECT_FEW": "1"})
-    assert not direct.direct_few and few.direct_few  # opt-in until a GPU checks its products
+    few, direct = direct, KMA.MmaTuning.from_env({"INFR_MMA_VW": "0", "INFR_MMA_DIRECT_FEW": "0"})
+    assert few.direct_few and not direct.direct_few  # on by default (INFR_MMA_DIRECT_FEW=0: not)
     assert direct.tile_for(Dev(), 1024, 512, qtype="q4_k") == KMA.DIRECT_TILE
     assert [few.tile_for(Dev(), n, 512, qtype="q4_k") for n in (1024, 2048)] == [KMA.DIRECT_FEW_TILE, KMA.DIRECT_TILE]
     assert few.tile_for(Dev(), 1024, 512, qtype="q6_k") == KMA.DIRECT_Q6_TILE
     assert few.tile_for(Dev(), 1024, 512, pair=True, qtype="q8_0") == KMA.DIRECT_TILE  # 16 x 4
     assert KMA.direct_tile("q5_0", 1024, 256, few=True) == KMA.DIRECT_FEW_TILE
     assert KMA.direct_tile("q5_0", 1024, 256) == KMA.DIRECT_TILE
+    assert KMA.direct_tile("q5_0", 1024, 256, few=True, vw=True) == KMA.DIRECT_FEW_TILE
+    assert KMA.direct_tile("q5_0", 4096, 256, few=True, vw=True) == replace(KMA.DIRECT_TILE, VW=1)
     assert direct.tile_for(Dev(), 4096, 512, qtype="q4_k", w16_bytes=1 << 40) == KMA.DIRECT_TILE
     assert direct.tile_for(Dev(), 4096, 255, qtype="q4_k") == KMA.TILES[0]
     assert KMA.MmaTuning.from_env({"INFR_MMA_DIRECT": "0"}).tile_for(Dev(), 4096, 512, qtype="q4_k") == KMA.WC_TILE
