@@ -64,3 +64,24 @@ def test_decode_host_time_splits_a_step(gpu):
     gf = open_gguf(bench.synth_path("tiny-llama"))  # the file the script ran
     be = GPUBackend(gf, build_plan(build_spec(gf)), 64)
     assert n == len(be._multi_step(1, False, be._sampling().load([])))
+
+
+def test_ab_runs_takes_variants_in_turn(gpu, tmp_path):
+    """perf/ab_runs.py: a snapshot of a commit's code runs as a variant of its own (its infr imported, not
+    this tree's), beside this tree with and without an environment setting, round after round; a
+    variant whose run fails gets its error on its line and the others go on."""
+    import json
+
+    base = tmp_path / "base"
+    _run("perf/ab_runs.py", "snapshot", "HEAD", str(base))
+    (base / "infr" / "__init__.py").write_text("raise SystemExit('the snapshot was imported')\n")
+    out = tmp_path / "ab.json"
+    lines = _run("perf/ab_runs.py", "run", "synth:tiny-llama", "-p", "8", "-r", "2", "--rounds", "2", "--backend",
+                 "gpu", "--variant", f"snap=@{base}", "--variant", "tree=", "--variant", "vw0=INFR_MMA_VW=0",
+                 "--out", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["variant"] for r in runs] == ["snap", "tree", "vw0"] * 2
+    assert all("the snapshot was imported" in r["error"] for r in runs if r["variant"] == "snap")
+    for r in (r for r in runs if r["variant"] != "snap"):
+        assert len(r["samples"]) == 2 and r["best"] == max(r["samples"]) > 0 and r["test"] == "pp8"
+    assert sum(ln.endswith("[tree]") and " best " in ln for ln in lines) == 2
