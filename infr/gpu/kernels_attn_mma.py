@@ -10,7 +10,7 @@ here (as kernels_mma's: arrays of matrices indexed in loops stay in memory).
 Knobs (AttentionTuning, read once): INFR_ATTN_TILED=3 takes this kernel where it runs, INFR_ATTN_MMA="M,BK"
 its tiling. Not by default: on an H100 through Dawn the attention tests pass at every tiling, but the 8B's
 pp512 was no faster than with attn_tiled2 (8287 against 8390 t/s, runs alternated; perf/README.md, stop 40); on an H200
-through Dawn 3.8-5.9x slower than attn_tiled2 at every tiling, and no faster with its K and V matrices loaded from the
+through Dawn 2.7-5.9x slower than attn_tiled2 at every tiling, and no faster with its K and V matrices loaded from the
 cache instead of staged (perf/README.md, stop 43).
 """
 

@@ -18,8 +18,8 @@ everywhere; INFR_MMA_TILES "BN,BT,SUB,SGR,SGT[,PAD[,XC[,WC[,KP[,VW]]]]] ..." the
 grid size as kernels_mmq does (XC / WC: token / weight tiles copied from f16 rows
 that a pre-pass writes, q8_f16.wgsl / mma_dequant.wgsl; WC from INFR_MMA_WC_MIN_T
 tokens, 256; XC / WC 2 copy them by vec4 words; WC 3 converts its own units, no rows written); a WC 3 tile
-(direct_tile: DIRECT_TILE as a VW tile, Q6_K's DIRECT_Q6_TILE, DIRECT_FEW_TILE for few
-workgroups) comes first for
+(direct_tile: DIRECT_TILE as a VW tile unless INFR_MMA_VW=0, Q6_K's DIRECT_Q6_TILE, DIRECT_FEW_TILE for few
+workgroups unless INFR_MMA_DIRECT_FEW=0) comes first for
 DIRECT_TYPES unless INFR_MMA_DIRECT=0, then WC_TILE, 128 x 128 copying both by vec4
 words, unless INFR_MMA_WC=0. Grouped expert products take EXPERT_DIRECT_TILE unless INFR_MMA_EXPERTS=0.
 """
@@ -179,9 +179,9 @@ DIRECT_TILE = MmaTile(128, 128, 2, 2, 4, 8, 2, 3)
 # TOPS for q/o, gate+up, down, k/v: Q6_K on DIRECT_Q6_TILE 93.8 / 101 / 94.1 / 40.6 against DIRECT_TILE's 67.8 / 85 /
 # 81.3 / 18.5; Q4_K's k/v on DIRECT_FEW_TILE 44.7 against 32.7 (DIRECT_TILE stays Q4_K's best on the rest: 106 / 172
 # / 155 against 53-113 for the others). DIRECT_Q6_TILE's plain products were checked on an H100 in stop 41
-# (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles), its gate||up pair not:
-# a Q6_K pair keeps DIRECT_TILE (test_direct_tiles passed on an H200 in stop 43, its pair included, untimed).
-# DIRECT_FEW_TILE's products passed test_direct_tiles there too: on by default (INFR_MMA_DIRECT_FEW=0: not).
+# (test_units_converted_directly's 64 x 128 WC 3 tile, the same bits as the converting tiles); its gate||up pair passed
+# test_direct_tiles on an H200 in stop 43 but is untimed, so a Q6_K pair keeps DIRECT_TILE. DIRECT_FEW_TILE's
+# products passed test_direct_tiles there too: on by default (INFR_MMA_DIRECT_FEW=0: not).
 DIRECT_Q6_TILE = MmaTile(64, 128, 2, 2, 4, 8, 2, 3)
 DIRECT_FEW_TILE = MmaTile(128, 64, 2, 2, 2, 8, 2, 3)
 DIRECT_FEW_GROUPS = 64
