@@ -145,6 +145,11 @@ class Backend(RecurrentStates, Protocol):
         """(free bytes, where) of the memory the KV store takes (kvpool.KVBudget), or None."""
         ...
 
+    def warm(self, rows: int) -> None:
+        """Build ahead what a decode step of `rows` rows runs (graphs, pipelines), so that the first
+        such step does not pay for it: the engine calls it while idle. Runs nothing on the model."""
+        ...
+
     def samples(self, params: SamplingParams) -> bool:
         """Whether step() and decode_steps draw a sampled row with these settings themselves (an
         output row without a host sampler, seeded by its params); else the caller gives a sampler."""

@@ -190,6 +190,17 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self._inbox or self.waiting or self.running)
 
+    def warm_next(self) -> bool:
+        """While idle: build ahead the backend's decode step for the next bucket of rows up to
+        --parallel (one stream first, then 2, 4, ...), so that no stream waits for a graph to be
+        recorded; False once every bucket is built."""
+        if not hasattr(self, "_cold"):
+            self._cold = deque(sorted({min(1 << b, self.parallel) for b in range(self.parallel.bit_length() + 1)}))
+        if not self._cold:
+            return False
+        self.backend.warm(self._cold.popleft())
+        return bool(self._cold)
+
     def step(self) -> bool:
         """One scheduling iteration; False when there was nothing to run."""
         with self._lock:

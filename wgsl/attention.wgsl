@@ -86,11 +86,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
 
-    // Pass 1: running max and sum of exp over this invocation's keys.
+    // Pass 1: running max and sum of exp over this invocation's keys. The score of its key in the
+    // first tile is kept for pass 2: up to WG keys (a decode's near span) K is read once, not twice.
     var m = NEG_BIG;
     var l = 0.0;
+    var s0 = 0.0;
     for (var j = lo + tid; j < hi; j += WG) {
         let s = score(cache_row(tb, j), kvh);
+        if (j < lo + WG) {
+            s0 = s;
+        }
         let m_new = max(m, s);
         l = l * exp(m - m_new) + exp(s - m_new);
         m = m_new;
@@ -121,7 +126,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let j = b + tid;
         var p = 0.0;
         if (j < hi) {
-            p = f16_round(exp(score(cache_row(tb, j), kvh) - m_all) / l_all);
+            var s = s0;
+            if (b != lo) {
+                s = score(cache_row(tb, j), kvh);
+            }
+            p = f16_round(exp(s - m_all) / l_all);
         }
         probs[tid] = p;
         workgroupBarrier();

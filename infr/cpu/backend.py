@@ -129,6 +129,9 @@ class CPUBackend:
     def free_memory(self) -> tuple[int, str] | None:
         return free_ram_bytes()
 
+    def warm(self, rows: int) -> None:
+        """Nothing to build ahead: numpy runs each step as it comes."""
+
     def save_state(self, slot: int) -> object:
         """Copies of slot's DeltaNet states (backends.RecurrentStates)."""
         return self.recurrent.snapshot(slot)

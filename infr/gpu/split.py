@@ -226,6 +226,14 @@ class SplitBackend:
     def samples(self, params: SamplingParams) -> bool:
         return self.stages[-1].samples(params)
 
+    def warm(self, rows: int) -> None:
+        """Each part's graph of the decode step of `rows` rows: headless where a part hands on, the
+        last part's with its logits, as step() takes them."""
+        T = _bucket(rows)
+        for s in self.stages:
+            for far in (False, True) if s._has_spans(T, True) else (False,):
+                s._graph(T, T if s is self.stages[-1] else 0, far, True)
+
     def free_memory(self) -> tuple[int, str] | None:
         """The least free memory of the split's devices."""
         free = [f for f in (s.free_memory() for s in self.stages) if f is not None]

@@ -103,8 +103,15 @@ class Service:
 
     def _run_engine(self) -> None:
         eng = self.model.engine
+        cold = True  # decode steps not yet built ahead: while idle, one bucket of rows at a time
         while not self._stop.is_set():
-            if not eng.wait_for_work(timeout=0.5):
+            if not eng.wait_for_work(timeout=0.01 if cold else 0.5):
+                if cold:
+                    try:
+                        cold = eng.warm_next()
+                    except Exception as e:  # built at first use instead
+                        cold = False
+                        log.warning("building decode steps ahead failed: %s: %s", type(e).__name__, e)
                 continue
             try:
                 eng.step()

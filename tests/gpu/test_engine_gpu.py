@@ -94,6 +94,26 @@ def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F
     assert _run(model, PROMPTS[:3], cache_prompt=False) == multi and not calls
 
 
+def test_warming_builds_what_the_decode_steps_take(gpu, tiny_path):  # noqa: F811
+    """The idle engine's warm_next builds the decode step of each bucket of rows up to --parallel,
+    near and far keys (a context long enough for both); streams of 1 to 3 rows afterwards, near and
+    far, record no decode step of their own, and give the tokens of a model never warmed."""
+    model = Model(tiny_path, n_ctx=2048, backend="gpu", parallel=3)
+    be = model.backend
+    assert be._has_spans(1, True)
+    warmed = 1
+    while model.engine.warm_next():
+        warmed += 1
+    assert warmed == 3 and not model.engine.warm_next()  # 1, 2 and 3 rows (bucket 4)
+    built = set(be.__dict__.get("_multi", {}))
+    assert built == {(T, far, None) for T in (1, 2, 4) for far in (False, True)}
+    prompts = [list(range(1, 300)), [5, 6, 7], list(range(9, 20))]  # the first sees far keys
+    outputs = [_run(model, prompts[:rows], cache_prompt=False) for rows in (1, 2, 3)]
+    assert set(be.__dict__["_multi"]) == built
+    cold = Model(tiny_path, n_ctx=2048, backend="gpu", parallel=3)
+    assert outputs == [_run(cold, prompts[:rows], cache_prompt=False) for rows in (1, 2, 3)]
+
+
 @pytest.fixture(scope="module")
 def tiny_qwen35_path(tmp_path_factory):
     spec = synth.preset("tiny-qwen35", tokenizer="gpt2", weight_type="F32")

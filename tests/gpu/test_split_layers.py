@@ -95,7 +95,14 @@ def test_engine_steps_two_sequences_equal_one_device(pair):
     forward() tests, which write the backends' blocks behind the engines' backs."""
     name, one, two = pair
     prompts = _prompts(name)
+    while two.engine.warm_next():  # what the idle server does first: both parts' decode graphs
+        pass
+    parts = two.backend.stages
+    warmed = [{key for key in s._graphs if key[0] <= 2} for s in parts]
+    assert warmed[0] >= {(1, 0, False, False), (2, 0, False, False)}  # headless where a part hands on
+    assert warmed[1] >= {(1, 1, False, False), (2, 2, False, False)}
     split = _engine_run(two, prompts)
+    assert [{key for key in s._graphs if key[0] <= 2} for s in parts] == warmed  # the decode steps took them
     assert split == _engine_run(one, prompts), name
     # against forward() alone: other row counts take other kernels (since the int8 GEMM takes rows of
     # whole 64s, Gemma 3 270m's 640), whose sums pick either token of a near-tie (0.06 at its 2nd token)
