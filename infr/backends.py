@@ -145,9 +145,10 @@ class Backend(RecurrentStates, Protocol):
         """(free bytes, where) of the memory the KV store takes (kvpool.KVBudget), or None."""
         ...
 
-    def warm(self, rows: int) -> None:
-        """Build ahead what a decode step of `rows` rows runs (graphs, pipelines), so that the first
-        such step does not pay for it: the engine calls it while idle. Runs nothing on the model."""
+    def warm(self, rows: int, far: bool = False) -> None:
+        """Build ahead what a greedy decode step of `rows` rows runs (graphs, pipelines), its form for
+        keys past the one-pass span with `far` (nothing where it has one form), so that the first such
+        step does not pay for it: the engine calls it while idle. Runs nothing on the model."""
         ...
 
     def samples(self, params: SamplingParams) -> bool:

@@ -140,6 +140,9 @@ class Scheduler:
         self._free_slots = list(range(parallel - 1, -1, -1))
         self.held: list[Request] = []  # paused with their slots (Session.prefill / decode), oldest first
         self.stats = EngineStats()
+        # warm_next's (rows, far) shapes: the decode steps' buckets (powers of two, the last at --parallel)
+        buckets = [min(1 << b, parallel) for b in range((parallel - 1).bit_length() + 1)]
+        self._cold = deque([(rows, far) for far in (False, True) for rows in buckets])
         self._inbox: deque[Request] = deque()
         self._lock = threading.Condition()
 
@@ -191,14 +194,13 @@ class Scheduler:
         return bool(self._inbox or self.waiting or self.running)
 
     def warm_next(self) -> bool:
-        """While idle: build ahead the backend's decode step for the next bucket of rows up to
-        --parallel (one stream first, then 2, 4, ...), so that no stream waits for a graph to be
-        recorded; False once every bucket is built."""
-        if not hasattr(self, "_cold"):
-            self._cold = deque(sorted({min(1 << b, self.parallel) for b in range(self.parallel.bit_length() + 1)}))
+        """While idle: build ahead the backend's greedy decode step for the next bucket of rows up
+        to --parallel (one stream first, then 2, 4, ...; every bucket's near form before any far
+        one), one shape a call, so that a stream arriving meanwhile waits for one recording at most;
+        False once every shape is built."""
         if not self._cold:
             return False
-        self.backend.warm(self._cold.popleft())
+        self.backend.warm(*self._cold.popleft())
         return bool(self._cold)
 
     def step(self) -> bool:

@@ -3,9 +3,10 @@ process, set up step by step from the bench's request to the server's.
 
     source .gpu/setup.sh && python3 perf/stream_gap.py synth:llama-3.2-1b --backend dawn --tokens 128
 
-Each variant runs --reps greedy requests (end-of-generation ignored) and reports the rate as the
-server's `timings` give it and as bench's tg counts it: tokens after the first over the time from the
-first to the last (Request.t_first .. t_done). The variants, each one step closer to a served stream:
+Each variant runs --reps greedy requests (end-of-generation ignored) and reports each one's rate as
+perf/serve_throughput.py reads the server's `timings` and bench's tg counts it: tokens after the first
+over the time from the first to the last (Request.t_first .. t_done). The variants, each one step
+closer to a served stream:
 
   bench        the bench's engine: n_ctx = 1 + tokens, one sequence, a one-token prompt
   serve-cfg    the engine `perf/serve_throughput.py` starts: --ctx 512 --parallel 64 --kv-size 512 x 64
@@ -27,7 +28,6 @@ import platform
 import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,8 @@ from infr.serve import generation  # noqa: E402
 
 
 def _rate(req: Request) -> float:
+    if req.finish_reason != "length" or len(req.output) < 2:
+        raise SystemExit(f"the request ended with {req.finish_reason} after {len(req.output)} tokens: {req.error or ''}")
     return (len(req.output) - 1) / (req.t_done - req.t_first)
 
 
@@ -55,7 +57,8 @@ def _inline(model: Model, prompt: list[int], tokens: int) -> float:
 
 
 class _EngineThread:
-    """The engine loop of infr/serve/service.py on a thread of its own."""
+    """The engine loop of infr/serve/service.py on a thread of its own (without its idle warming:
+    every variant has run a request of its shape first)."""
 
     def __init__(self, model: Model):
         self.model, self.stop = model, threading.Event()
@@ -66,7 +69,10 @@ class _EngineThread:
         eng = self.model.engine
         while not self.stop.is_set():
             if eng.wait_for_work(timeout=0.2):
-                eng.step()
+                try:
+                    eng.step()
+                except Exception as e:  # the step's requests end with the error (_rate says it); the loop goes on
+                    print(f"engine step failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def close(self) -> None:
         self.stop.set()
@@ -79,7 +85,8 @@ def _threaded(model: Model, prompt: list[int], tokens: int) -> float:
     req = Request(list(prompt), SamplingParams(temperature=0.0), max_new=tokens, ignore_eos=True,
                   on_done=done.set)
     model.engine.submit(req)
-    done.wait()
+    if not done.wait(600):
+        raise SystemExit("the engine thread gave no answer in 600 s")
     return _rate(req)
 
 

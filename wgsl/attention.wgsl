@@ -9,9 +9,10 @@
 // so are the *normalised* probabilities before they multiply V. Normalised
 // rounding needs the final max and sum first, so the kernel makes two passes
 // over the keys: pass 1 keeps a running (max, sum) per invocation (online
-// softmax, merged through shared memory), pass 2 recomputes each score and
-// accumulates f16(p) * v a tile of WG keys at a time. Nothing is stored per
-// key, so any context length works; the price is reading K twice (from L2).
+// softmax, merged through shared memory), pass 2 takes each score again and
+// accumulates f16(p) * v a tile of WG keys at a time. Only the first tile's
+// scores are kept (one a invocation), the others' computed again, so any
+// context length works; the price is reading K twice past WG keys (from L2).
 //
 // Decode has one query per head, so the keys are spread over the whole
 // workgroup in both passes: in pass 1 each invocation scores its own keys with

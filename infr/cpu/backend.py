@@ -129,7 +129,7 @@ class CPUBackend:
     def free_memory(self) -> tuple[int, str] | None:
         return free_ram_bytes()
 
-    def warm(self, rows: int) -> None:
+    def warm(self, rows: int, far: bool = False) -> None:
         """Nothing to build ahead: numpy runs each step as it comes."""
 
     def save_state(self, slot: int) -> object:

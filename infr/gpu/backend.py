@@ -401,17 +401,18 @@ class GPUBackend(Graphs):
     def free_memory(self) -> tuple[int, str] | None:
         return free_device_bytes(self.dev)
 
-    def warm(self, rows: int) -> None:
-        """Record the decode step of `rows` rows' bucket, each form it has (near and far keys), and
-        compile its pipelines: decode_steps' greedy recording where the engine runs several steps a
-        call, else step()'s graph. A shape's first recording (the first stream of a bucket) took
-        ~65 ms of an 8B's served stream on the H200."""
+    def warm(self, rows: int, far: bool = False) -> None:
+        """Record the greedy decode step of `rows` rows' bucket (its far form with `far`, where it has
+        one) and compile its pipelines: decode_steps' recording where the engine runs several steps a
+        call, else step()'s graph. The first served stream of a bucket paid for it: the 8B's first
+        one-stream round ran 265.5 t/s against 307.9 for the next (perf/h200/s43-2026-12-07-h200.txt)."""
         T = _bucket(rows)
-        for far in (False, True) if self._has_spans(T, True) else (False,):
-            if self.multi_step > 1:
-                self._multi_step(T, far)
-            else:
-                self._graph(T, T, far, True)
+        if far and not self._has_spans(T, True):
+            return
+        if self.multi_step > 1:
+            self._multi_step(T, far)
+        else:
+            self._graph(T, T, far, True)
 
     # --- checkpoints of a recurrent model's per-sequence state
 

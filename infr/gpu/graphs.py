@@ -30,7 +30,9 @@ class Graphs:
         cache = self.__dict__.setdefault("_multi", {})
         logits = self._logits_buffer(T, T, far, True)
         key = (T, far, draws)
-        if key not in cache:
+        if key in cache:  # the least recently used goes first: a warmed shape stays while streams take it
+            cache[key] = cache.pop(key)
+        else:
             body, head, _ = self._graph(T, T, far, True)
             argmax = KS.argmax_dispatches(self.kern, logits, self.ids, self.plan.spec.n_vocab, T)
             pipe = self.kern.pipeline("step", "batch")

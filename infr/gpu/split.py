@@ -226,12 +226,12 @@ class SplitBackend:
     def samples(self, params: SamplingParams) -> bool:
         return self.stages[-1].samples(params)
 
-    def warm(self, rows: int) -> None:
+    def warm(self, rows: int, far: bool = False) -> None:
         """Each part's graph of the decode step of `rows` rows: headless where a part hands on, the
         last part's with its logits, as step() takes them."""
         T = _bucket(rows)
         for s in self.stages:
-            for far in (False, True) if s._has_spans(T, True) else (False,):
+            if not far or s._has_spans(T, True):
                 s._graph(T, T if s is self.stages[-1] else 0, far, True)
 
     def free_memory(self) -> tuple[int, str] | None:

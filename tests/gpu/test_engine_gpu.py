@@ -94,21 +94,26 @@ def test_multi_step_equals_single_steps(gpu, tiny_path, monkeypatch):  # noqa: F
     assert _run(model, PROMPTS[:3], cache_prompt=False) == multi and not calls
 
 
-def test_warming_builds_what_the_decode_steps_take(gpu, tiny_path):  # noqa: F811
-    """The idle engine's warm_next builds the decode step of each bucket of rows up to --parallel,
-    near and far keys (a context long enough for both); streams of 1 to 3 rows afterwards, near and
-    far, record no decode step of their own, and give the tokens of a model never warmed."""
+def test_warming_builds_what_the_decode_steps_take(gpu, tiny_path, tune, monkeypatch):  # noqa: F811
+    """The idle engine's warm_next builds the greedy decode step of each bucket of rows up to
+    --parallel, near and far keys (one-pass up to 256 keys in a 2048-key context), one shape a call;
+    streams of 1 to 3 rows afterwards, near and far, run their decode steps (decode_steps) without
+    recording one, and give the tokens of a model never warmed."""
+    tune(INFR_ATTN_SPLIT_FROM="256", INFR_ATTN_ONE_PASS_CTX="1024")
     model = Model(tiny_path, n_ctx=2048, backend="gpu", parallel=3)
     be = model.backend
     assert be._has_spans(1, True)
-    warmed = 1
+    calls = 1
     while model.engine.warm_next():
-        warmed += 1
-    assert warmed == 3 and not model.engine.warm_next()  # 1, 2 and 3 rows (bucket 4)
+        calls += 1
+    assert calls == 6 and not model.engine.warm_next()  # 1, 2 and 3 rows (bucket 4), near and far
     built = set(be.__dict__.get("_multi", {}))
     assert built == {(T, far, None) for T in (1, 2, 4) for far in (False, True)}
+    steps, real = [], be.decode_steps
+    monkeypatch.setattr(be, "decode_steps", lambda batch, k, **kw: steps.append(batch.rows) or real(batch, k, **kw))
     prompts = [list(range(1, 300)), [5, 6, 7], list(range(9, 20))]  # the first sees far keys
     outputs = [_run(model, prompts[:rows], cache_prompt=False) for rows in (1, 2, 3)]
+    assert set(steps) == {1, 2, 3}  # every stream's decode ran there
     assert set(be.__dict__["_multi"]) == built
     cold = Model(tiny_path, n_ctx=2048, backend="gpu", parallel=3)
     assert outputs == [_run(cold, prompts[:rows], cache_prompt=False) for rows in (1, 2, 3)]

@@ -99,7 +99,8 @@ def test_engine_steps_two_sequences_equal_one_device(pair):
         pass
     parts = two.backend.stages
     warmed = [{key for key in s._graphs if key[0] <= 2} for s in parts]
-    assert warmed[0] >= {(1, 0, False, False), (2, 0, False, False)}  # headless where a part hands on
+    # headless where a part hands on (a context this short has near forms only)
+    assert warmed[0] >= {(1, 0, False, False), (2, 0, False, False)}
     assert warmed[1] >= {(1, 1, False, False), (2, 2, False, False)}
     split = _engine_run(two, prompts)
     assert [{key for key in s._graphs if key[0] <= 2} for s in parts] == warmed  # the decode steps took them
